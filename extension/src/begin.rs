@@ -1,0 +1,174 @@
+//! `begin_attempt`: the gate. No new attempt while the last one's outcome is open.
+
+use crate::failover;
+use crate::input;
+use crate::job::{self, Job};
+use crate::plans::{self, Statement};
+use crate::refusal::{Answer, Refusal, split};
+use pgrx::Uuid;
+use pgrx::datum::{Interval, TimestampWithTimeZone};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+/// Inserts the attempt and marks the job running in one statement. The version is not touched:
+/// it changes only when the outcome slot changes. If a hand-written row somehow got past the
+/// job lock, the partial unique index `attempts_one_open_per_job` still refuses it.
+static START_ATTEMPT: Statement = Statement {
+    slot: 6,
+    sql: "WITH a AS (
+              INSERT INTO intent.attempts
+                     (id, job_id, owner_id, attempt_no, provider, state, version_read, worker, lease, started_at, deadline)
+              VALUES ($1, $2, $3, $4, $5, 'started', $6, $7, $8, statement_timestamp(), statement_timestamp() + $8)
+              RETURNING deadline),
+          j AS (
+              UPDATE intent.jobs SET state = 'running', attempt_count = $4, updated_at = statement_timestamp()
+               WHERE id = $2)
+          SELECT deadline FROM a",
+    args: &[
+        pg_sys::UUIDOID,
+        pg_sys::UUIDOID,
+        pg_sys::TEXTOID,
+        pg_sys::INT4OID,
+        pg_sys::TEXTOID,
+        pg_sys::INT8OID,
+        pg_sys::TEXTOID,
+        pg_sys::INTERVALOID,
+    ],
+};
+
+struct Begun {
+    attempt_id: Uuid,
+    attempt_no: i32,
+    version: i64,
+    deadline: TimestampWithTimeZone,
+}
+
+/// Core of `intent.begin_attempt`; the SQL wrapper raises the refusal, if any.
+#[pg_extern(name = "_begin_attempt", volatile, parallel_unsafe)]
+fn begin_attempt_core(
+    job_id: Option<Uuid>,
+    provider: Option<&str>,
+    lease: Option<Interval>,
+    worker: Option<&str>,
+) -> TableIterator<
+    'static,
+    (
+        name!(err_code, Option<String>),
+        name!(err_message, Option<String>),
+        name!(err_detail, Option<String>),
+        name!(err_hint, Option<String>),
+        name!(attempt_id, Option<Uuid>),
+        name!(attempt_no, Option<i32>),
+        name!(version, Option<i64>),
+        name!(deadline, Option<TimestampWithTimeZone>),
+    ),
+> {
+    let ((code, message, detail, hint), ok) = split(begin(job_id, provider, lease, worker));
+    TableIterator::once(match ok {
+        Some(b) => (
+            code,
+            message,
+            detail,
+            hint,
+            Some(b.attempt_id),
+            Some(b.attempt_no),
+            Some(b.version),
+            Some(b.deadline),
+        ),
+        None => (code, message, detail, hint, None, None, None, None),
+    })
+}
+
+fn begin(
+    job_id: Option<Uuid>,
+    provider: Option<&str>,
+    lease: Option<Interval>,
+    worker: Option<&str>,
+) -> Answer<Begun> {
+    let job_id = input::required("job_id", job_id)?;
+    let provider = input::optional_name("provider", provider)?;
+    let lease = input::lease("lease", lease)?;
+    let worker = input::optional_name("worker", worker)?;
+
+    Spi::connect_mut(|client| {
+        let job = job::lock(client, job_id)?;
+        if job.is_terminal() {
+            return Err(job.finished_refusal());
+        }
+        if let Some(open) = job::open_attempt(client, job_id) {
+            return Err(gate_refusal(&job, &open));
+        }
+        if job.attempt_count >= job.max_attempts {
+            return Err(Refusal::attempts_exhausted(format!(
+                "job {job_id} has used all {} of its attempts",
+                job.max_attempts
+            ))
+            .detail(format!(
+                "Job {job_id} has {} attempts and max_attempts is {}.",
+                job.attempt_count, job.max_attempts
+            ))
+            .hint("An abandoned attempt may still return and win; otherwise cancel the job, or submit the intent under a new idempotency key."));
+        }
+        let provider = provider.unwrap_or(&job.provider);
+        if provider != job.provider {
+            failover::check(client, &job, provider)?;
+        }
+        let attempt_no = job.attempt_count + 1;
+        let attempt_id = Uuid::from_bytes(
+            pg_intent_id::attempt_id(*job_id.as_bytes(), i64::from(attempt_no))
+                .expect("attempt_no is within 1..=max_attempts <= 65535"),
+        );
+        let row = plans::first(plans::run(
+            client,
+            &START_ATTEMPT,
+            &[
+                attempt_id.into(),
+                job_id.into(),
+                job.owner_id.as_str().into(),
+                attempt_no.into(),
+                provider.into(),
+                job.version.into(),
+                worker.into(),
+                lease.into(),
+            ],
+        ))
+        .expect("INSERT … RETURNING returns the row it inserted");
+        Ok(Begun {
+            attempt_id,
+            attempt_no,
+            version: job.version,
+            deadline: plans::must(&row, 1),
+        })
+    })
+}
+
+/// IJ002 while the open attempt is started and within its lease, IJ003 once its outcome is
+/// unknown (marked so, or past its deadline: a timeout is unknown, never failed).
+fn gate_refusal(job: &Job, open: &job::OpenAttempt) -> Refusal {
+    let worker = match &open.worker {
+        Some(w) => format!(", worker {w}"),
+        None => String::new(),
+    };
+    if open.state == "started" && !open.lapsed {
+        return Refusal::attempt_in_flight(format!(
+            "job {} already has an attempt in flight",
+            job.id
+        ))
+        .detail(format!(
+            "Attempt {} (no. {}{worker}) is started and its lease runs until {}.",
+            open.id, open.attempt_no, open.deadline
+        ))
+        .hint("Wait for its outcome. If it never reports, its lease runs out and it becomes unknown; it is never retried behind its back.");
+    }
+    let why = if open.state == "unknown" {
+        "its outcome is unknown".to_string()
+    } else {
+        format!("its lease ran out at {} without an outcome", open.deadline)
+    };
+    Refusal::outcome_unknown(format!(
+        "job {} has an attempt whose outcome is unknown",
+        job.id
+    ))
+    .detail(format!("Attempt {} (no. {}{worker}): {why}.", open.id, open.attempt_no))
+    .hint("Find out what the provider did: report it with intent.complete_attempt() or intent.fail_attempt(), or stop waiting with intent.abandon_attempt(attempt_id, reason).")
+}

@@ -1,0 +1,119 @@
+//! Out-of-band decisions: `abandon_attempt` (an operator stops waiting for an attempt) and
+//! `cancel_job` (the owner withdraws the intent).
+
+use crate::input;
+use crate::job;
+use crate::plans::{self, Statement};
+use crate::refusal::{Answer, split};
+use pgrx::Uuid;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+/// The gate opens, but the attempt is not forgotten: if it returns, the compare-and-swap decides.
+static ABANDON: Statement = Statement {
+    slot: 17,
+    sql: "WITH a AS (
+              UPDATE intent.attempts SET state = 'abandoned'
+               WHERE id = $1 AND state IN ('started', 'unknown')
+              RETURNING id, job_id),
+          j AS (
+              UPDATE intent.jobs SET state = 'pending', updated_at = statement_timestamp()
+               WHERE id = (SELECT job_id FROM a) AND state IN ('running', 'unknown'))
+          INSERT INTO intent.events (job_id, attempt_id, kind, detail)
+          SELECT a.job_id, a.id, 'abandoned',
+                 jsonb_build_object('reason', $2::text, 'previous_state', $3::text, 'lease_expired', $4::boolean)
+            FROM a",
+    args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::BOOLOID],
+};
+
+/// version + 1 makes every attempt still out there lose its compare-and-swap.
+static CANCEL: Statement = Statement {
+    slot: 18,
+    sql: "WITH j AS (
+              UPDATE intent.jobs SET state = 'cancelled', version = version + 1, updated_at = statement_timestamp()
+               WHERE id = $1 AND state IN ('pending', 'running', 'unknown')
+              RETURNING id, version)
+          INSERT INTO intent.events (job_id, kind, detail)
+          SELECT j.id, 'cancelled',
+                 jsonb_build_object('reason', $2::text, 'previous_state', $3::text, 'version', j.version,
+                                    'open_attempt', (SELECT a.id FROM intent.attempts a
+                                                      WHERE a.job_id = j.id AND a.state IN ('started', 'unknown')))
+            FROM j
+          RETURNING 1",
+    args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+};
+
+/// Core of `intent.abandon_attempt`; the SQL wrapper raises the refusal, if any.
+#[pg_extern(name = "_abandon_attempt", volatile, parallel_unsafe)]
+fn abandon_attempt_core(
+    attempt_id: Option<Uuid>,
+    reason: Option<&str>,
+) -> TableIterator<
+    'static,
+    (
+        name!(err_code, Option<String>),
+        name!(err_message, Option<String>),
+        name!(err_detail, Option<String>),
+        name!(err_hint, Option<String>),
+    ),
+> {
+    TableIterator::once(split(abandon(attempt_id, reason)).0)
+}
+
+fn abandon(attempt_id: Option<Uuid>, reason: Option<&str>) -> Answer<()> {
+    let attempt_id = input::required("attempt_id", attempt_id)?;
+    let reason = input::reason(reason, true)?;
+    Spi::connect_mut(|client| {
+        let (_job, attempt) = job::lock_for_attempt(client, attempt_id)?;
+        // Abandoning an attempt that already has an outcome (or was abandoned) changes nothing.
+        if matches!(attempt.state.as_str(), "started" | "unknown") {
+            plans::run(
+                client,
+                &ABANDON,
+                &[
+                    attempt_id.into(),
+                    reason.into(),
+                    attempt.state.as_str().into(),
+                    attempt.is_lapsed().into(),
+                ],
+            );
+        }
+        Ok(())
+    })
+}
+
+/// Core of `intent.cancel_job`; the SQL wrapper raises the refusal, if any.
+#[pg_extern(name = "_cancel_job", volatile, parallel_unsafe)]
+fn cancel_job_core(
+    job_id: Option<Uuid>,
+    reason: Option<&str>,
+) -> TableIterator<
+    'static,
+    (
+        name!(err_code, Option<String>),
+        name!(err_message, Option<String>),
+        name!(err_detail, Option<String>),
+        name!(err_hint, Option<String>),
+        name!(cancelled, Option<bool>),
+    ),
+> {
+    let ((code, message, detail, hint), ok) = split(cancel(job_id, reason));
+    TableIterator::once((code, message, detail, hint, ok))
+}
+
+fn cancel(job_id: Option<Uuid>, reason: Option<&str>) -> Answer<bool> {
+    let job_id = input::required("job_id", job_id)?;
+    let reason = input::reason(reason, false)?;
+    Spi::connect_mut(|client| {
+        let job = job::lock(client, job_id)?;
+        if job.is_terminal() {
+            return Ok(false);
+        }
+        let cancelled = plans::first(plans::run(
+            client,
+            &CANCEL,
+            &[job_id.into(), reason.into(), job.state.as_str().into()],
+        ));
+        Ok(cancelled.is_some())
+    })
+}

@@ -1,0 +1,300 @@
+//! `complete_attempt` and `fail_attempt`: the outcome slot, decided by compare-and-swap.
+//!
+//! The job row is locked first, so the compare-and-swap is never racing; it is still written
+//! as the SPEC states it (`WHERE version = $v AND completed_by IS NULL`) so that the rule is
+//! visible in the statement a DBA reads, and holds even for a caller that bypassed the lock.
+
+use crate::contract;
+use crate::input;
+use crate::job::{self, Attempt, Job};
+use crate::jsonb::Jsonb;
+use crate::plans::{self, Statement};
+use crate::refusal::{Answer, split};
+use pgrx::Uuid;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+/// The compare-and-swap, the attempt's own outcome and, when it lost, the logged race.
+static COMPLETE: Statement = Statement {
+    slot: 7,
+    sql: "WITH won AS (
+              UPDATE intent.jobs
+                 SET state = 'succeeded', result = $3, completed_by = $1, version = version + 1,
+                     updated_at = statement_timestamp()
+               WHERE id = $2 AND version = $4 AND completed_by IS NULL
+                 AND state IN ('pending', 'running', 'unknown')
+              RETURNING version),
+          a AS (
+              UPDATE intent.attempts
+                 SET state = CASE WHEN EXISTS (SELECT 1 FROM won) THEN 'succeeded' ELSE 'discarded' END::intent.attempt_state,
+                     result = $3, finished_at = statement_timestamp()
+               WHERE id = $1),
+          e AS (
+              INSERT INTO intent.events (job_id, attempt_id, kind, detail)
+              SELECT j.id, $1, 'late_result',
+                     jsonb_build_object('winner', j.completed_by, 'presented_version', $4,
+                                        'current_version', j.version, 'job_state', j.state,
+                                        'attempt_state', $5::text)
+                FROM intent.jobs j
+               WHERE j.id = $2 AND NOT EXISTS (SELECT 1 FROM won))
+          SELECT EXISTS (SELECT 1 FROM won)",
+    args: &[pg_sys::UUIDOID, pg_sys::UUIDOID, pg_sys::JSONBOID, pg_sys::INT8OID, pg_sys::TEXTOID],
+};
+
+/// A result for an attempt that had already failed definitely: it cannot become the job's
+/// outcome, and the attempt keeps its recorded failure; the result is kept in the log.
+static LOG_RESULT_AFTER_FAILURE: Statement = Statement {
+    slot: 8,
+    sql: "INSERT INTO intent.events (job_id, attempt_id, kind, detail)
+          SELECT j.id, $1, 'late_result',
+                 jsonb_build_object('attempt_state', 'failed', 'result', $3, 'presented_version', $4,
+                                    'current_version', j.version, 'job_state', j.state, 'winner', j.completed_by)
+            FROM intent.jobs j WHERE j.id = $2",
+    args: &[pg_sys::UUIDOID, pg_sys::UUIDOID, pg_sys::JSONBOID, pg_sys::INT8OID],
+};
+
+/// Records a definite failure on the attempt.
+static FAIL_ATTEMPT: Statement = Statement {
+    slot: 9,
+    sql: "UPDATE intent.attempts SET state = 'failed', error = $2, finished_at = statement_timestamp()
+           WHERE id = $1",
+    args: &[pg_sys::UUIDOID, pg_sys::JSONBOID],
+};
+
+/// The final failure of the job, by the same compare-and-swap as a win.
+static FAIL_JOB: Statement = Statement {
+    slot: 10,
+    sql: "UPDATE intent.jobs
+             SET state = 'failed', error = $3, completed_by = $1, version = version + 1,
+                 updated_at = statement_timestamp()
+           WHERE id = $2 AND version = $4 AND completed_by IS NULL
+             AND state IN ('pending', 'running', 'unknown')
+          RETURNING state::text",
+    args: &[
+        pg_sys::UUIDOID,
+        pg_sys::UUIDOID,
+        pg_sys::JSONBOID,
+        pg_sys::INT8OID,
+    ],
+};
+
+/// The gate opens: the job may take a new attempt.
+static REOPEN_JOB: Statement = Statement {
+    slot: 11,
+    sql: "UPDATE intent.jobs SET state = 'pending', updated_at = statement_timestamp()
+           WHERE id = $1 AND state IN ('running', 'unknown')",
+    args: &[pg_sys::UUIDOID],
+};
+
+/// A failure that arrived after the job's outcome was decided.
+static LOG_LATE_FAILURE: Statement = Statement {
+    slot: 12,
+    sql: "INSERT INTO intent.events (job_id, attempt_id, kind, detail)
+          SELECT j.id, $1, 'late_failure',
+                 jsonb_build_object('error', $3, 'attempt_state', $4::text, 'job_state', j.state,
+                                    'winner', j.completed_by, 'current_version', j.version)
+            FROM intent.jobs j WHERE j.id = $2",
+    args: &[
+        pg_sys::UUIDOID,
+        pg_sys::UUIDOID,
+        pg_sys::JSONBOID,
+        pg_sys::TEXTOID,
+    ],
+};
+
+/// Core of `intent.complete_attempt`; the SQL wrapper raises the refusal, if any.
+#[pg_extern(name = "_complete_attempt", volatile, parallel_unsafe)]
+fn complete_attempt_core(
+    attempt_id: Option<Uuid>,
+    version: Option<i64>,
+    result: Option<Jsonb>,
+) -> TableIterator<
+    'static,
+    (
+        name!(err_code, Option<String>),
+        name!(err_message, Option<String>),
+        name!(err_detail, Option<String>),
+        name!(err_hint, Option<String>),
+        name!(completion, Option<String>),
+    ),
+> {
+    let ((code, message, detail, hint), ok) = split(complete(attempt_id, version, result));
+    TableIterator::once((code, message, detail, hint, ok.map(str::to_string)))
+}
+
+fn complete(
+    attempt_id: Option<Uuid>,
+    version: Option<i64>,
+    result: Option<Jsonb>,
+) -> Answer<&'static str> {
+    let attempt_id = input::required("attempt_id", attempt_id)?;
+    let version = input::required("version", version)?;
+    let result = input::document("result", result)?;
+
+    Spi::connect_mut(|client| {
+        let (job, attempt) = job::lock_for_attempt(client, attempt_id)?;
+        attempt.check_version(version)?;
+        match attempt.state.as_str() {
+            // Asked again: the same answer, and nothing changes.
+            "succeeded" => return Ok("won"),
+            "discarded" => return Ok("lost"),
+            "failed" if attempt.error_kind.as_deref() == Some(contract::VIOLATION) => {
+                return Ok("rejected");
+            }
+            "failed" => {
+                plans::run(
+                    client,
+                    &LOG_RESULT_AFTER_FAILURE,
+                    &[
+                        attempt_id.into(),
+                        job.id.into(),
+                        result.into(),
+                        version.into(),
+                    ],
+                );
+                return Ok("lost");
+            }
+            _ => {}
+        }
+        // started, unknown or abandoned: this result really happened and may win.
+        if attempt.is_lapsed() {
+            job::settle_lapsed(client, attempt_id, "complete_attempt");
+        }
+        let state_before = if attempt.is_lapsed() {
+            "unknown"
+        } else {
+            attempt.state.as_str()
+        };
+        if let Some(contract) = &job.contract {
+            if contract::reject(client, &job, &attempt, contract, result) {
+                return Ok("rejected");
+            }
+        }
+        let row = plans::first(plans::run(
+            client,
+            &COMPLETE,
+            &[
+                attempt_id.into(),
+                job.id.into(),
+                result.into(),
+                version.into(),
+                state_before.into(),
+            ],
+        ))
+        .expect("SELECT EXISTS returns a row");
+        Ok(if plans::must::<bool>(&row, 1) {
+            "won"
+        } else {
+            "lost"
+        })
+    })
+}
+
+/// Core of `intent.fail_attempt`; the SQL wrapper raises the refusal, if any.
+#[pg_extern(name = "_fail_attempt", volatile, parallel_unsafe)]
+fn fail_attempt_core(
+    attempt_id: Option<Uuid>,
+    version: Option<i64>,
+    error: Option<Jsonb>,
+    retryable: Option<bool>,
+) -> TableIterator<
+    'static,
+    (
+        name!(err_code, Option<String>),
+        name!(err_message, Option<String>),
+        name!(err_detail, Option<String>),
+        name!(err_hint, Option<String>),
+        name!(job_state, Option<String>),
+    ),
+> {
+    let ((code, message, detail, hint), ok) = split(fail(attempt_id, version, error, retryable));
+    TableIterator::once((code, message, detail, hint, ok))
+}
+
+fn fail(
+    attempt_id: Option<Uuid>,
+    version: Option<i64>,
+    error: Option<Jsonb>,
+    retryable: Option<bool>,
+) -> Answer<String> {
+    let attempt_id = input::required("attempt_id", attempt_id)?;
+    let version = input::required("version", version)?;
+    let error = input::document("error", error)?;
+    let retryable = input::required("retryable", retryable)?;
+
+    Spi::connect_mut(|client| {
+        let (job, attempt) = job::lock_for_attempt(client, attempt_id)?;
+        attempt.check_version(version)?;
+        match attempt.state.as_str() {
+            // Reported again: nothing changes.
+            "failed" => return Ok(effective_state(client, &job)),
+            // Its outcome was already recorded; a contradicting failure is logged, not applied.
+            "succeeded" | "discarded" => {
+                log_late_failure(client, &job, &attempt, error);
+                return Ok(effective_state(client, &job));
+            }
+            _ => {}
+        }
+        let was_open = matches!(attempt.state.as_str(), "started" | "unknown");
+        plans::run(client, &FAIL_ATTEMPT, &[attempt_id.into(), error.into()]);
+        if job.is_terminal() {
+            log_late_failure(client, &job, &attempt, error);
+            return Ok(job.state.clone());
+        }
+        // An abandoned attempt failing leaves the open attempt, if any, in charge of the job.
+        let other_open = !was_open && job::open_attempt(client, job.id).is_some();
+        let exhausted = job.attempt_count >= job.max_attempts;
+        if !retryable || (exhausted && !other_open) {
+            let row = plans::first(plans::run(
+                client,
+                &FAIL_JOB,
+                &[
+                    attempt_id.into(),
+                    job.id.into(),
+                    error.into(),
+                    version.into(),
+                ],
+            ));
+            return Ok(match row {
+                Some(row) => plans::must(&row, 1),
+                None => effective_state(client, &job),
+            });
+        }
+        if !other_open {
+            plans::run(client, &REOPEN_JOB, &[job.id.into()]);
+            return Ok("pending".into());
+        }
+        Ok(effective_state(client, &job))
+    })
+}
+
+fn log_late_failure(
+    client: &mut pgrx::spi::SpiClient<'_>,
+    job: &Job,
+    attempt: &Attempt,
+    error: Jsonb,
+) {
+    plans::run(
+        client,
+        &LOG_LATE_FAILURE,
+        &[
+            attempt.id.into(),
+            job.id.into(),
+            error.into(),
+            attempt.state.as_str().into(),
+        ],
+    );
+}
+
+/// The job's state as the SPEC defines it: a running job whose open attempt ran out of lease
+/// is unknown.
+fn effective_state(client: &mut pgrx::spi::SpiClient<'_>, job: &Job) -> String {
+    if job.state == "running" {
+        if let Some(open) = job::open_attempt(client, job.id) {
+            if open.state == "started" && open.lapsed {
+                return "unknown".into();
+            }
+        }
+    }
+    job.state.clone()
+}

@@ -1,0 +1,114 @@
+//! Input checks. Every one runs before anything is read or written, and each failure is a
+//! `22023` refusal that names the argument, what it got and what it needs.
+
+use crate::jsonb::Jsonb;
+use crate::refusal::{Answer, Refusal};
+use pg_intent_id::MAX_NAME_CHARS;
+use pgrx::datum::Interval;
+
+/// The largest params, result, error or evidence document accepted, in bytes (detoasted).
+/// Larger payloads belong in blob storage, referenced from the document.
+pub const MAX_DOCUMENT_BYTES: usize = 1024 * 1024;
+
+/// The longest lease or heartbeat extension. Long work keeps its lease alive by heartbeats;
+/// a lease longer than this would hide a dead worker for too long.
+pub const MAX_LEASE_MICROS: i128 = 24 * 3600 * 1_000_000;
+
+/// The longest free-text reason accepted, in characters.
+pub const MAX_REASON_CHARS: usize = 1000;
+
+pub fn required<T>(name: &str, value: Option<T>) -> Answer<T> {
+    value.ok_or_else(|| {
+        Refusal::bad_input(format!("{name} must not be NULL"))
+            .hint(format!("Pass a value for {name}."))
+    })
+}
+
+fn char_len(s: &str) -> usize {
+    s.chars().count()
+}
+
+/// A name-like text: 1 to 255 characters.
+pub fn name<'a>(arg: &str, value: Option<&'a str>) -> Answer<&'a str> {
+    let value = required(arg, value)?;
+    let n = if value.len() <= MAX_NAME_CHARS {
+        value.chars().count()
+    } else {
+        char_len(value)
+    };
+    if n == 0 || n > MAX_NAME_CHARS {
+        return Err(Refusal::bad_input(format!(
+            "{arg} must be 1 to {MAX_NAME_CHARS} characters long"
+        ))
+        .detail(format!("{arg} has {n} characters.")));
+    }
+    Ok(value)
+}
+
+/// An optional name-like text: NULL, or 1 to 255 characters.
+pub fn optional_name<'a>(arg: &str, value: Option<&'a str>) -> Answer<Option<&'a str>> {
+    match value {
+        None => Ok(None),
+        some => name(arg, some).map(Some),
+    }
+}
+
+/// A jsonb document no larger than [`MAX_DOCUMENT_BYTES`].
+pub fn document(arg: &str, value: Option<Jsonb>) -> Answer<Jsonb> {
+    let value = required(arg, value)?;
+    let size = value.raw_size();
+    if size > MAX_DOCUMENT_BYTES {
+        return Err(Refusal::bad_input(format!("{arg} is too large"))
+            .detail(format!(
+                "{arg} is {size} bytes; the limit is {MAX_DOCUMENT_BYTES} bytes."
+            ))
+            .hint("Store large payloads elsewhere and pass a reference to them."));
+    }
+    Ok(value)
+}
+
+/// A positive interval no longer than [`MAX_LEASE_MICROS`].
+pub fn lease(arg: &str, value: Option<Interval>) -> Answer<Interval> {
+    let value = required(arg, value)?;
+    let micros = value.as_micros();
+    if micros <= 0 || micros > MAX_LEASE_MICROS {
+        return Err(Refusal::bad_input(format!(
+            "{arg} must be positive and at most 24 hours"
+        ))
+        .detail(format!("{arg} is {value}."))
+        .hint("Ask for a short lease and extend it with intent.heartbeat() while the work runs."));
+    }
+    Ok(value)
+}
+
+/// max_attempts: 1 to 65535 (an attempt number must fit in the attempt id's last two bytes).
+pub fn max_attempts(value: Option<i32>) -> Answer<i32> {
+    let value = required("max_attempts", value)?;
+    if !(1..=65_535).contains(&value) {
+        return Err(
+            Refusal::bad_input("max_attempts must be between 1 and 65535")
+                .detail(format!("max_attempts is {value}.")),
+        );
+    }
+    Ok(value)
+}
+
+/// A reason: NULL if allowed, else 1 to 1000 characters.
+pub fn reason<'a>(value: Option<&'a str>, required_: bool) -> Answer<Option<&'a str>> {
+    match value {
+        None if required_ => Err(required::<()>("reason", None)
+            .unwrap_err()
+            .hint("Say why, for the people who will read intent.events later.")),
+        None => Ok(None),
+        Some(r) => {
+            let n = char_len(r);
+            if n == 0 || n > MAX_REASON_CHARS {
+                return Err(Refusal::bad_input(format!(
+                    "reason must be 1 to {MAX_REASON_CHARS} characters long"
+                ))
+                .detail(format!("reason has {n} characters.")));
+            }
+            Ok(Some(r))
+        }
+    }
+}

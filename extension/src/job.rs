@@ -1,0 +1,197 @@
+//! What every call on an existing job does first: lock the job row, read the attempt concerned,
+//! and apply the deadline rule.
+//!
+//! Every call that changes a job locks its row (`FOR NO KEY UPDATE`) before reading anything
+//! else, always in that order (job, then attempt), so concurrent calls on one job serialize and
+//! cannot deadlock each other. The attempt is read in a separate statement after the lock is
+//! held: under READ COMMITTED that statement's fresh snapshot sees whatever the previous lock
+//! holder committed.
+
+use crate::plans::{self, Statement};
+use crate::refusal::{Answer, Refusal, no_such_attempt, no_such_job};
+use pgrx::Uuid;
+use pgrx::pg_sys;
+use pgrx::spi::SpiClient;
+
+static LOCK_JOB: Statement = Statement {
+    slot: 2,
+    sql: "SELECT state::text, version, provider, contract, max_attempts, attempt_count, owner_id, completed_by
+            FROM intent.jobs WHERE id = $1 FOR NO KEY UPDATE",
+    args: &[pg_sys::UUIDOID],
+};
+
+static READ_ATTEMPT: Statement = Statement {
+    slot: 3,
+    sql: "SELECT state::text, version_read, error->>'kind', deadline <= statement_timestamp()
+            FROM intent.attempts WHERE id = $1",
+    args: &[pg_sys::UUIDOID],
+};
+
+static OPEN_ATTEMPT: Statement = Statement {
+    slot: 4,
+    sql: "SELECT id, attempt_no, state::text, deadline <= statement_timestamp(), deadline::text, worker
+            FROM intent.attempts WHERE job_id = $1 AND state IN ('started', 'unknown')",
+    args: &[pg_sys::UUIDOID],
+};
+
+/// Persists started → unknown for one attempt whose lease ran out, and its job running →
+/// unknown, logging the timeout. Does nothing when the attempt is not started or still within
+/// its lease.
+static SETTLE_LAPSED: Statement = Statement {
+    slot: 5,
+    sql: "WITH a AS (
+              UPDATE intent.attempts SET state = 'unknown'
+               WHERE id = $1 AND state = 'started' AND deadline <= statement_timestamp()
+              RETURNING id, job_id, deadline),
+          j AS (
+              UPDATE intent.jobs SET state = 'unknown', updated_at = statement_timestamp()
+               WHERE id = (SELECT job_id FROM a) AND state = 'running'),
+          e AS (
+              INSERT INTO intent.events (job_id, attempt_id, kind, detail)
+              SELECT a.job_id, a.id, 'timeout',
+                     jsonb_build_object('cause', 'lease_expired', 'deadline', a.deadline, 'noticed_by', $2::text)
+                FROM a)
+          SELECT count(*) FROM a",
+    args: &[pg_sys::UUIDOID, pg_sys::TEXTOID],
+};
+
+/// The job row, read under its row lock.
+pub struct Job {
+    pub id: Uuid,
+    pub state: String,
+    pub version: i64,
+    pub provider: String,
+    pub contract: Option<String>,
+    pub max_attempts: i32,
+    pub attempt_count: i32,
+    pub owner_id: String,
+    pub completed_by: Option<Uuid>,
+}
+
+impl Job {
+    pub fn is_terminal(&self) -> bool {
+        is_terminal(&self.state)
+    }
+
+    /// The IJ004 refusal for this (terminal) job.
+    pub fn finished_refusal(&self) -> Refusal {
+        let by = match self.completed_by {
+            Some(a) => format!(", decided by attempt {a}"),
+            None => String::new(),
+        };
+        Refusal::job_finished(format!("job {} is {}", self.id, self.state))
+            .detail(format!("Job {} is {} (version {}{by}).", self.id, self.state, self.version))
+            .hint("A finished job never runs again: read its outcome from intent.jobs (or resubmit the same intent), and use a new idempotency key for a new intent.")
+    }
+}
+
+pub fn is_terminal(state: &str) -> bool {
+    matches!(state, "succeeded" | "failed" | "cancelled")
+}
+
+/// Locks the job row, or refuses with IJ007.
+pub fn lock(client: &mut SpiClient<'_>, job_id: Uuid) -> Answer<Job> {
+    let row = plans::first(plans::run(client, &LOCK_JOB, &[job_id.into()]))
+        .ok_or_else(|| no_such_job(job_id))?;
+    Ok(Job {
+        id: job_id,
+        state: plans::must(&row, 1),
+        version: plans::must(&row, 2),
+        provider: plans::must(&row, 3),
+        contract: plans::get(&row, 4),
+        max_attempts: plans::must(&row, 5),
+        attempt_count: plans::must(&row, 6),
+        owner_id: plans::must(&row, 7),
+        completed_by: plans::get(&row, 8),
+    })
+}
+
+/// Locks the job an attempt id names, or refuses with IJ007 for either.
+pub fn lock_for_attempt(client: &mut SpiClient<'_>, attempt_id: Uuid) -> Answer<(Job, Attempt)> {
+    let job_id = match pg_intent_id::job_of(*attempt_id.as_bytes()) {
+        Ok(bytes) => Uuid::from_bytes(bytes),
+        Err(_) => return Err(no_such_attempt(attempt_id)),
+    };
+    let job = lock(client, job_id).map_err(|_| no_such_attempt(attempt_id))?;
+    let attempt = read_attempt(client, attempt_id)?;
+    Ok((job, attempt))
+}
+
+/// An attempt as a call on it needs to see it.
+pub struct Attempt {
+    pub id: Uuid,
+    pub state: String,
+    pub version_read: i64,
+    pub error_kind: Option<String>,
+    /// Past its deadline (only meaningful while started).
+    pub lapsed: bool,
+}
+
+impl Attempt {
+    /// Started and past its deadline: counts as unknown everywhere.
+    pub fn is_lapsed(&self) -> bool {
+        self.state == "started" && self.lapsed
+    }
+
+    /// Refuses a version other than the one begin_attempt handed this attempt.
+    pub fn check_version(&self, version: i64) -> Answer<()> {
+        if version == self.version_read {
+            return Ok(());
+        }
+        Err(Refusal::bad_input(format!(
+            "version {version} is not the version attempt {} was given",
+            self.id
+        ))
+        .detail(format!(
+            "Attempt {} began with version {}; the call presented {version}.",
+            self.id, self.version_read
+        ))
+        .hint("Present the version that intent.begin_attempt() returned for this attempt."))
+    }
+}
+
+pub fn read_attempt(client: &mut SpiClient<'_>, attempt_id: Uuid) -> Answer<Attempt> {
+    let row = plans::first(plans::run(client, &READ_ATTEMPT, &[attempt_id.into()]))
+        .ok_or_else(|| no_such_attempt(attempt_id))?;
+    Ok(Attempt {
+        id: attempt_id,
+        state: plans::must(&row, 1),
+        version_read: plans::must(&row, 2),
+        error_kind: plans::get(&row, 3),
+        lapsed: plans::must(&row, 4),
+    })
+}
+
+/// The open (started or unknown) attempt of a job, if any.
+pub struct OpenAttempt {
+    pub id: Uuid,
+    pub attempt_no: i32,
+    pub state: String,
+    pub lapsed: bool,
+    pub deadline: String,
+    pub worker: Option<String>,
+}
+
+pub fn open_attempt(client: &mut SpiClient<'_>, job_id: Uuid) -> Option<OpenAttempt> {
+    let row = plans::first(plans::run(client, &OPEN_ATTEMPT, &[job_id.into()]))?;
+    Some(OpenAttempt {
+        id: plans::must(&row, 1),
+        attempt_no: plans::must(&row, 2),
+        state: plans::must(&row, 3),
+        lapsed: plans::must(&row, 4),
+        deadline: plans::must(&row, 5),
+        worker: plans::get(&row, 6),
+    })
+}
+
+/// Applies the deadline rule to one attempt (its job row must be locked): a started attempt
+/// past its deadline becomes unknown, for good. Returns whether it changed anything.
+pub fn settle_lapsed(client: &mut SpiClient<'_>, attempt_id: Uuid, noticed_by: &str) -> bool {
+    let row = plans::first(plans::run(
+        client,
+        &SETTLE_LAPSED,
+        &[attempt_id.into(), noticed_by.into()],
+    ))
+    .expect("count(*) returns a row");
+    plans::must::<i64>(&row, 1) > 0
+}

@@ -1,0 +1,96 @@
+//! A `jsonb` value that Rust passes along without ever parsing it.
+//!
+//! pgrx's own `JsonB` turns every value into a `serde_json::Value` and back (jsonb → text →
+//! serde → text → jsonb). The protocol never looks inside params or results: it stores them,
+//! compares them with jsonb equality in SQL, and hands them back. So this type carries the
+//! datum itself, and params of a megabyte cost what a pointer costs.
+
+use pgrx::callconv::{Arg, ArgAbi, BoxRet, FcInfo};
+use pgrx::datum::Datum;
+use pgrx::pg_sys;
+use pgrx::pgrx_sql_entity_graph::metadata::{
+    ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable,
+};
+use pgrx::{FromDatum, IntoDatum, PgMemoryContexts};
+
+/// A non-NULL `jsonb` datum, possibly toasted.
+#[derive(Clone, Copy, Debug)]
+pub struct Jsonb(pg_sys::Datum);
+
+impl Jsonb {
+    /// The value's size once detoasted and decompressed, in bytes.
+    pub fn raw_size(self) -> usize {
+        // SAFETY: self.0 is a valid varlena datum (it came from PostgreSQL as jsonb).
+        unsafe { pg_sys::toast_raw_datum_size(self.0) }
+    }
+}
+
+impl FromDatum for Jsonb {
+    unsafe fn from_polymorphic_datum(
+        datum: pg_sys::Datum,
+        is_null: bool,
+        _typoid: pg_sys::Oid,
+    ) -> Option<Self> {
+        if is_null || datum.is_null() {
+            None
+        } else {
+            Some(Jsonb(datum))
+        }
+    }
+
+    unsafe fn from_datum_in_memory_context(
+        mut memory_context: PgMemoryContexts,
+        datum: pg_sys::Datum,
+        is_null: bool,
+        _typoid: pg_sys::Oid,
+    ) -> Option<Self> {
+        if is_null || datum.is_null() {
+            return None;
+        }
+        // Values read through SPI live in SPI's memory, which is freed when SPI disconnects:
+        // copy (and detoast) into the context pgrx asks for.
+        unsafe {
+            memory_context.switch_to(|_| {
+                let copy = pg_sys::pg_detoast_datum_copy(datum.cast_mut_ptr());
+                Some(Jsonb(pg_sys::Datum::from(copy)))
+            })
+        }
+    }
+}
+
+impl IntoDatum for Jsonb {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        Some(self.0)
+    }
+
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::JSONBOID
+    }
+}
+
+unsafe impl SqlTranslatable for Jsonb {
+    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(Jsonb);
+    const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
+        pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
+    const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> = Ok(SqlMappingRef::literal("jsonb"));
+    const RETURN_SQL: Result<ReturnsRef, ReturnsError> =
+        Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
+}
+
+unsafe impl<'fcx> ArgAbi<'fcx> for Jsonb {
+    unsafe fn unbox_arg_unchecked(arg: Arg<'_, 'fcx>) -> Self {
+        let index = arg.index();
+        unsafe { arg.unbox_arg_using_from_datum() }
+            .unwrap_or_else(|| panic!("argument {index} must not be null"))
+    }
+
+    unsafe fn unbox_nullable_arg(arg: Arg<'_, 'fcx>) -> pgrx::nullable::Nullable<Self> {
+        unsafe { arg.unbox_arg_using_from_datum() }.into()
+    }
+}
+
+unsafe impl BoxRet for Jsonb {
+    unsafe fn box_into<'fcx>(self, fcinfo: &mut FcInfo<'fcx>) -> Datum<'fcx> {
+        unsafe { fcinfo.return_raw_datum(self.0) }
+    }
+}

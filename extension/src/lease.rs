@@ -1,0 +1,165 @@
+//! Leases and timeouts: `mark_unknown`, `heartbeat`, `sweep`.
+//!
+//! A timeout makes an attempt unknown, never failed: the provider may still be working. A
+//! started attempt past its deadline already counts as unknown everywhere; these calls only make
+//! the tables say so.
+
+use crate::input;
+use crate::job;
+use crate::plans::{self, Statement};
+use crate::refusal::{Answer, split};
+use pgrx::Uuid;
+use pgrx::datum::Interval;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+/// The caller's own timeout fired: started → unknown, and the job with it.
+static MARK_UNKNOWN: Statement = Statement {
+    slot: 13,
+    sql: "WITH a AS (
+              UPDATE intent.attempts SET state = 'unknown'
+               WHERE id = $1 AND state = 'started'
+              RETURNING id, job_id, deadline),
+          j AS (
+              UPDATE intent.jobs SET state = 'unknown', updated_at = statement_timestamp()
+               WHERE id = (SELECT job_id FROM a) AND state = 'running')
+          INSERT INTO intent.events (job_id, attempt_id, kind, detail)
+          SELECT a.job_id, a.id, 'timeout',
+                 jsonb_build_object('cause', 'caller_timeout', 'reason', $2::text, 'deadline', a.deadline,
+                                    'lease_expired', a.deadline <= statement_timestamp())
+            FROM a",
+    args: &[pg_sys::UUIDOID, pg_sys::TEXTOID],
+};
+
+/// Extends a live lease. Only a started attempt within its lease, whose job is still running,
+/// can be extended: anything else tells the worker to stop.
+static HEARTBEAT: Statement = Statement {
+    slot: 14,
+    sql: "UPDATE intent.attempts a
+             SET deadline = greatest(a.deadline, statement_timestamp() + coalesce($2, a.lease))
+           WHERE a.id = $1 AND a.state = 'started' AND a.deadline > statement_timestamp()
+             AND EXISTS (SELECT 1 FROM intent.jobs j WHERE j.id = a.job_id AND j.state = 'running')
+          RETURNING 1",
+    args: &[pg_sys::UUIDOID, pg_sys::INTERVALOID],
+};
+
+/// Attempts whose lease ran out, for sweep. Cross-job by nature: maintenance only.
+static LAPSED_ATTEMPTS: Statement = Statement {
+    slot: 15,
+    sql: "SELECT id, job_id FROM intent.attempts
+           WHERE state = 'started' AND deadline <= statement_timestamp()
+           ORDER BY deadline",
+    args: &[],
+};
+
+/// Sweep never waits for a busy job: whoever holds it will apply the deadline rule anyway.
+static TRY_LOCK_JOB: Statement = Statement {
+    slot: 16,
+    sql: "SELECT 1 FROM intent.jobs WHERE id = $1 FOR NO KEY UPDATE SKIP LOCKED",
+    args: &[pg_sys::UUIDOID],
+};
+
+/// Core of `intent.mark_unknown`; the SQL wrapper raises the refusal, if any.
+#[pg_extern(name = "_mark_unknown", volatile, parallel_unsafe)]
+fn mark_unknown_core(
+    attempt_id: Option<Uuid>,
+    reason: Option<&str>,
+) -> TableIterator<
+    'static,
+    (
+        name!(err_code, Option<String>),
+        name!(err_message, Option<String>),
+        name!(err_detail, Option<String>),
+        name!(err_hint, Option<String>),
+    ),
+> {
+    TableIterator::once(split(mark_unknown(attempt_id, reason)).0)
+}
+
+fn mark_unknown(attempt_id: Option<Uuid>, reason: Option<&str>) -> Answer<()> {
+    let attempt_id = input::required("attempt_id", attempt_id)?;
+    let reason = input::reason(reason, false)?;
+    Spi::connect_mut(|client| {
+        let (_job, attempt) = job::lock_for_attempt(client, attempt_id)?;
+        // Already unknown, or already finished (the result beat the timer): nothing to do.
+        if attempt.state == "started" {
+            plans::run(client, &MARK_UNKNOWN, &[attempt_id.into(), reason.into()]);
+        }
+        Ok(())
+    })
+}
+
+/// Core of `intent.heartbeat`; the SQL wrapper raises the refusal, if any.
+#[pg_extern(name = "_heartbeat", volatile, parallel_unsafe)]
+fn heartbeat_core(
+    attempt_id: Option<Uuid>,
+    extend: Option<Interval>,
+) -> TableIterator<
+    'static,
+    (
+        name!(err_code, Option<String>),
+        name!(err_message, Option<String>),
+        name!(err_detail, Option<String>),
+        name!(err_hint, Option<String>),
+        name!(alive, Option<bool>),
+    ),
+> {
+    let ((code, message, detail, hint), ok) = split(heartbeat(attempt_id, extend));
+    TableIterator::once((code, message, detail, hint, ok))
+}
+
+fn heartbeat(attempt_id: Option<Uuid>, extend: Option<Interval>) -> Answer<bool> {
+    let attempt_id = input::required("attempt_id", attempt_id)?;
+    let extend = match extend {
+        None => None,
+        some => Some(input::lease("extend", some)?),
+    };
+    Spi::connect_mut(|client| {
+        // The common case touches the attempt row only; heartbeats are frequent.
+        if plans::first(plans::run(
+            client,
+            &HEARTBEAT,
+            &[attempt_id.into(), extend.into()],
+        ))
+        .is_some()
+        {
+            return Ok(true);
+        }
+        // Otherwise find out why, under the job lock, and make the tables honest.
+        let (_job, attempt) = job::lock_for_attempt(client, attempt_id)?;
+        if attempt.is_lapsed() {
+            job::settle_lapsed(client, attempt_id, "heartbeat");
+            return Ok(false);
+        }
+        Ok(plans::first(plans::run(
+            client,
+            &HEARTBEAT,
+            &[attempt_id.into(), extend.into()],
+        ))
+        .is_some())
+    })
+}
+
+/// Persists started → unknown for every attempt past its deadline, logging a timeout for each;
+/// returns how many. Nothing depends on it running: the deadline rule is applied whenever a job
+/// is touched. It keeps the tables honest for the people reading them.
+#[pg_extern(name = "_sweep", volatile, parallel_unsafe)]
+fn sweep_core() -> i64 {
+    Spi::connect_mut(|client| {
+        let lapsed: Vec<(Uuid, Uuid)> = plans::run(client, &LAPSED_ATTEMPTS, &[])
+            .map(|row| {
+                let id = |n| row.get::<Uuid>(n).ok().flatten().expect("ids are NOT NULL");
+                (id(1), id(2))
+            })
+            .collect();
+        let mut settled = 0;
+        for (attempt_id, job_id) in lapsed {
+            if plans::first(plans::run(client, &TRY_LOCK_JOB, &[job_id.into()])).is_some()
+                && job::settle_lapsed(client, attempt_id, "sweep")
+            {
+                settled += 1;
+            }
+        }
+        settled
+    })
+}

@@ -1,0 +1,71 @@
+//! pg_intent: durable jobs and attempts that make retries and fallbacks safe, enforced inside
+//! PostgreSQL. The public contract is `SPEC.md`; the schema lives in `sql/`, one file per concern.
+//!
+//! Layering: each protocol call is a Rust "core" function (`intent._submit_job`, …) that does
+//! the work through cached SPI plans and *returns* a refusal instead of raising it, and a thin
+//! PL/pgSQL wrapper (`intent.submit_job`, …, in `sql/api.sql`) that raises the refusal with its
+//! exact SQLSTATE. See `refusal.rs` for why.
+
+use pgrx::prelude::*;
+
+::pgrx::pg_module_magic!(name, version);
+
+mod begin;
+mod contract;
+mod decisions;
+mod failover;
+mod finish;
+mod ids;
+mod input;
+mod job;
+mod jsonb;
+mod lease;
+mod plans;
+mod refusal;
+mod submit;
+
+extension_sql_file!("../../sql/types.sql", name = "types", bootstrap);
+extension_sql_file!(
+    "../../sql/jobs.sql",
+    name = "jobs",
+    requires = ["types", ids::job_id, ids::job_of]
+);
+extension_sql_file!(
+    "../../sql/attempts.sql",
+    name = "attempts",
+    requires = ["jobs", ids::attempt_id]
+);
+extension_sql_file!(
+    "../../sql/events.sql",
+    name = "events",
+    requires = ["jobs", ids::job_of]
+);
+extension_sql_file!(
+    "../../sql/api.sql",
+    name = "api",
+    requires = [
+        "attempts",
+        "events",
+        submit::submit_job_core,
+        begin::begin_attempt_core,
+        finish::complete_attempt_core,
+        finish::fail_attempt_core,
+        lease::mark_unknown_core,
+        lease::heartbeat_core,
+        lease::sweep_core,
+        decisions::abandon_attempt_core,
+        decisions::cancel_job_core,
+    ]
+);
+extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);
+
+/// Required by `cargo pgrx test`.
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    #[must_use]
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![]
+    }
+}

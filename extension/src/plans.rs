@@ -1,0 +1,76 @@
+//! Statements prepared once per backend and kept, so no call re-parses or re-plans its SQL.
+//!
+//! Every statement is prepared as mutating: SPI then takes a fresh snapshot for each one under
+//! READ COMMITTED, which is what lets the lookup after `INSERT … ON CONFLICT DO NOTHING` see the
+//! row that another transaction has just committed. Kept plans are revalidated by PostgreSQL
+//! itself when the objects they use change.
+
+use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys::{self, PgOid};
+use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiTupleTable};
+use pgrx::{FromDatum, IntoDatum};
+use std::cell::RefCell;
+use std::rc::Rc;
+
+/// One SQL statement of the protocol, with the types of its parameters.
+pub struct Statement {
+    /// Position in the per-backend cache; unique per statement.
+    pub slot: usize,
+    pub sql: &'static str,
+    pub args: &'static [pg_sys::Oid],
+}
+
+/// How many statements the protocol has (the cache's size).
+pub const SLOTS: usize = 32;
+
+thread_local! {
+    static CACHE: RefCell<Vec<Option<Rc<OwnedPreparedStatement>>>> =
+        RefCell::new((0..SLOTS).map(|_| None).collect());
+}
+
+fn plan(client: &SpiClient<'_>, stmt: &Statement) -> Rc<OwnedPreparedStatement> {
+    if let Some(plan) = CACHE.with_borrow(|cache| cache[stmt.slot].clone()) {
+        return plan;
+    }
+    let types: Vec<PgOid> = stmt.args.iter().map(|oid| PgOid::from(*oid)).collect();
+    let plan = Rc::new(
+        client
+            .prepare_mut(stmt.sql, &types)
+            .unwrap_or_else(|e| panic!("pg_intent: cannot prepare statement {}: {e}", stmt.slot))
+            .keep(),
+    );
+    CACHE.with_borrow_mut(|cache| cache[stmt.slot] = Some(plan.clone()));
+    plan
+}
+
+/// Runs a protocol statement and returns its rows.
+pub fn run<'conn>(
+    client: &mut SpiClient<'conn>,
+    stmt: &Statement,
+    args: &[DatumWithOid<'_>],
+) -> SpiTupleTable<'conn> {
+    let plan = plan(client, stmt);
+    client
+        .update(&*plan, None, args)
+        .unwrap_or_else(|e| panic!("pg_intent: statement {} failed: {e}", stmt.slot))
+}
+
+/// The first row of a result, positioned for reading, or None when there is no row.
+pub fn first<'conn>(table: SpiTupleTable<'conn>) -> Option<SpiTupleTable<'conn>> {
+    if table.is_empty() {
+        None
+    } else {
+        Some(table.first())
+    }
+}
+
+/// Reads column `ordinal` (1-based) of the current row; NULL is None.
+pub fn get<T: FromDatum + IntoDatum>(row: &SpiTupleTable<'_>, ordinal: usize) -> Option<T> {
+    row.get::<T>(ordinal)
+        .unwrap_or_else(|e| panic!("pg_intent: cannot read column {ordinal}: {e}"))
+}
+
+/// Reads a column that the statement guarantees is not NULL.
+pub fn must<T: FromDatum + IntoDatum>(row: &SpiTupleTable<'_>, ordinal: usize) -> T {
+    get(row, ordinal).unwrap_or_else(|| panic!("pg_intent: column {ordinal} is unexpectedly NULL"))
+}

@@ -1,0 +1,43 @@
+-- pg_intent: the append-only log of what the protocol decided.
+--
+-- It records the moments an on-call engineer needs to reconstruct a story: timeouts, abandons,
+-- cancels, late results (with the winner and both versions) and contract violations. Replays
+-- are read-only and are not logged. There is no foreign key to intent.jobs: the log is cheap to
+-- append to and is purged with its job.
+
+CREATE TABLE intent.events (
+    id          bigint       GENERATED ALWAYS AS IDENTITY,
+    at          timestamptz  NOT NULL DEFAULT statement_timestamp(),
+    job_id      uuid         NOT NULL,
+    attempt_id  uuid,
+    kind        text         NOT NULL,
+    detail      jsonb        NOT NULL DEFAULT '{}',
+
+    CONSTRAINT events_pkey PRIMARY KEY (id),
+    CONSTRAINT events_kind_known CHECK (kind IN (
+        'timeout',             -- an attempt became unknown: mark_unknown, or its lease ran out
+        'abandoned',           -- abandon_attempt: nobody waits for that attempt any more
+        'cancelled',           -- cancel_job: the owner withdrew the intent
+        'late_result',         -- a result lost the compare-and-swap (or came after a definite failure)
+        'late_failure',        -- a failure arrived after the job's outcome was decided
+        'contract_violation'   -- a result broke the job's contract and was rejected
+    )),
+    CONSTRAINT events_attempt_of_job CHECK (attempt_id IS NULL OR intent.job_of(attempt_id) = job_id)
+);
+
+CREATE INDEX events_job_id ON intent.events (job_id, id);
+
+COMMENT ON TABLE intent.events IS
+    'Append-only log: timeouts, abandons, cancels, late results, contract violations. Replays are not logged.';
+COMMENT ON COLUMN intent.events.id IS 'Monotonic within a server; orders the events of one job.';
+COMMENT ON COLUMN intent.events.at IS 'When the event was recorded (start of the statement that recorded it).';
+COMMENT ON COLUMN intent.events.job_id IS 'The job the event belongs to.';
+COMMENT ON COLUMN intent.events.attempt_id IS 'The attempt concerned, when there is one.';
+COMMENT ON COLUMN intent.events.kind IS
+    'timeout, abandoned, cancelled, late_result, late_failure or contract_violation.';
+COMMENT ON COLUMN intent.events.detail IS
+    'The facts: for late_result the winner, the version the late attempt presented and the current one; for timeout the deadline and who noticed; reasons as given.';
+COMMENT ON INDEX intent.events_job_id IS 'Reads one job''s story in order.';
+
+SELECT pg_catalog.pg_extension_config_dump('intent.events', '');
+SELECT pg_catalog.pg_extension_config_dump('intent.events_id_seq', '');

@@ -1,0 +1,85 @@
+-- pg_intent: one row per intent.
+--
+-- The row is keyed twice on purpose: by (owner_id, idempotency_key), which is what decides
+-- "same intent" (there is no check-then-insert anywhere), and by id, which is derived from that
+-- pair so every layer can name the job before asking the database.
+
+CREATE TABLE intent.jobs (
+    id              uuid                NOT NULL,
+    owner_id        text                NOT NULL,
+    idempotency_key text                NOT NULL,
+    provider        text                NOT NULL,
+    params          jsonb               NOT NULL,
+    contract        text,
+    state           intent.job_state    NOT NULL DEFAULT 'pending',
+    version         bigint              NOT NULL DEFAULT 1,
+    completed_by    uuid,
+    result          jsonb,
+    error           jsonb,
+    max_attempts    integer             NOT NULL DEFAULT 3,
+    attempt_count   integer             NOT NULL DEFAULT 0,
+    created_at      timestamptz         NOT NULL DEFAULT now(),
+    updated_at      timestamptz         NOT NULL DEFAULT now(),
+
+    CONSTRAINT jobs_pkey PRIMARY KEY (id),
+    -- The rule "one job per intent" is this constraint, nothing else.
+    CONSTRAINT jobs_owner_key_unique UNIQUE (owner_id, idempotency_key),
+    -- A hand-written INSERT cannot invent an id that other layers would not compute.
+    CONSTRAINT jobs_id_derived CHECK (id = intent.job_id(owner_id, idempotency_key)),
+    CONSTRAINT jobs_owner_id_length CHECK (char_length(owner_id) BETWEEN 1 AND 255),
+    CONSTRAINT jobs_idempotency_key_length CHECK (char_length(idempotency_key) BETWEEN 1 AND 255),
+    CONSTRAINT jobs_provider_length CHECK (char_length(provider) BETWEEN 1 AND 255),
+    CONSTRAINT jobs_contract_length CHECK (contract IS NULL OR char_length(contract) BETWEEN 1 AND 255),
+    CONSTRAINT jobs_max_attempts_range CHECK (max_attempts BETWEEN 1 AND 65535),
+    CONSTRAINT jobs_attempt_count_range CHECK (attempt_count BETWEEN 0 AND max_attempts),
+    CONSTRAINT jobs_version_positive CHECK (version >= 1),
+    -- completed_by names the attempt whose outcome stands: set exactly when a win or a final
+    -- failure decided the job (a cancel decides it too, but no attempt's outcome stands then).
+    CONSTRAINT jobs_completed_by_when_decided
+        CHECK ((completed_by IS NOT NULL) = (state IN ('succeeded', 'failed'))),
+    CONSTRAINT jobs_result_only_when_succeeded CHECK (result IS NULL OR state = 'succeeded'),
+    -- Every attempt of a job shares the job's 14 leading bytes.
+    CONSTRAINT jobs_completed_by_is_own_attempt
+        CHECK (completed_by IS NULL OR intent.job_of(completed_by) = id)
+);
+
+COMMENT ON TABLE intent.jobs IS
+    'One row per intent, keyed by (owner_id, idempotency_key). Retries and fallbacks are attempts (intent.attempts) under it; the row never changes identity.';
+COMMENT ON COLUMN intent.jobs.id IS
+    'Derived from the intent: SHA-256(owner_id || 0x00 || idempotency_key), first 16 bytes, UUID version 8, last two bytes zero. Compute it with intent.job_id().';
+COMMENT ON COLUMN intent.jobs.owner_id IS
+    'Whom the intent belongs to (a user or account, not a session). 1 to 255 characters.';
+COMMENT ON COLUMN intent.jobs.idempotency_key IS
+    'Chosen by the client for one intent. 1 to 255 characters, compared byte for byte.';
+COMMENT ON COLUMN intent.jobs.provider IS
+    'The primary target of the job. An attempt on any other provider is a failover.';
+COMMENT ON COLUMN intent.jobs.params IS
+    'The intent''s input. Part of the fingerprint: a resubmission must carry equal jsonb.';
+COMMENT ON COLUMN intent.jobs.contract IS
+    'Name of the contract the result must satisfy (NULL: none). Part of the fingerprint. Failover requires one.';
+COMMENT ON COLUMN intent.jobs.state IS
+    'pending, running, unknown (open) or succeeded, failed, cancelled (terminal). A running job whose attempt is past its deadline counts as unknown until something touches it.';
+COMMENT ON COLUMN intent.jobs.version IS
+    'Fencing token: handed out by begin_attempt, incremented only when the outcome slot changes (a win, a final failure, a cancel), never when an attempt begins.';
+COMMENT ON COLUMN intent.jobs.completed_by IS
+    'The attempt whose outcome stands (the winner, or the final failure). NULL while open and after a cancel.';
+COMMENT ON COLUMN intent.jobs.result IS
+    'The winning attempt''s result. Set once, by the compare-and-swap; late results never reach it.';
+COMMENT ON COLUMN intent.jobs.error IS
+    'The error of the attempt whose failure ended the job (state failed).';
+COMMENT ON COLUMN intent.jobs.max_attempts IS
+    'How many attempts may exist under this job (1 to 65535). begin_attempt refuses with IJ006 beyond it.';
+COMMENT ON COLUMN intent.jobs.attempt_count IS
+    'How many attempts exist under this job; the next attempt gets attempt_no = attempt_count + 1.';
+COMMENT ON COLUMN intent.jobs.created_at IS 'When the intent was first submitted.';
+COMMENT ON COLUMN intent.jobs.updated_at IS 'When the job row last changed (state, version, outcome).';
+
+COMMENT ON CONSTRAINT jobs_owner_key_unique ON intent.jobs IS
+    'One job per intent: concurrent submits of one key meet here, never in application code.';
+COMMENT ON CONSTRAINT jobs_id_derived ON intent.jobs IS
+    'The id must be the one every other layer derives from (owner_id, idempotency_key).';
+COMMENT ON CONSTRAINT jobs_completed_by_when_decided ON intent.jobs IS
+    'An outcome stands (completed_by) exactly when the job succeeded or failed.';
+
+-- Rows are written by the extension's functions and kept by pg_dump.
+SELECT pg_catalog.pg_extension_config_dump('intent.jobs', '');
