@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs every test of pg_intent on a fresh machine: installs what is missing (Debian packages,
+# cargo-pgrx, `cargo pgrx init`), builds and installs the extension, then runs
+#   1. formatting and lints,
+#   2. the Rust unit tests,
+#   3. the pg_regress and isolation suites against a throwaway cluster,
+#   4. the integration tests (they start and kill clusters of their own).
+# Usage: bash scripts/test.sh
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$ROOT"
+
+setup_all
+
+log "cargo fmt --check"
+cargo fmt --all -- --check
+log "cargo clippy --all-targets -D warnings"
+cargo clippy --workspace --all-targets -q -- -D warnings
+
+log "unit tests"
+cargo test -q -p pg_intent_id -p pg_intent_client
+
+start_cluster
+bash "$ROOT/scripts/regress.sh"
+stop_cluster
+
+log "integration tests (real clusters, real concurrent connections)"
+cargo test -q -p pg_intent_tests -- --test-threads=1
+
+log "all tests passed"
