@@ -50,9 +50,10 @@ fresh_db() {
 run_suite() { # run_suite NAME TOOL DIR DB
   local name="$1" tool="$2" dir="$3" db="$4"
   log "$name: $dir (database $db on ${PGHOST}:${PGPORT})"
-  fresh_db "$db"
+  # (set -e does not apply inside a function called from `||`, hence the explicit returns.)
+  fresh_db "$db" || { printf 'error: cannot create database %s\n' "$db" >&2; return 1; }
   rm -rf "$dir/results" "$dir/output_iso" "$dir/regression.diffs" "$dir/regression.out"
-  mkdir -p "$dir/results"
+  mkdir -p "$dir/results" || return 1
   if "$tool" \
        --use-existing \
        --bindir="$PG_BIN" \

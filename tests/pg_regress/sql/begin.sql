@@ -47,7 +47,7 @@ SELECT * FROM t.unchanged();
 --    may begin. It gets number 2 and still version 1 (no outcome has changed).
 SELECT intent.abandon_attempt(intent.attempt_id(intent.job_id('dave', 'render-1'), 1), 'operator: provider lost the job');
 SELECT state, version FROM t.job(intent.job_id('dave', 'render-1'));
-SELECT attempt_id, attempt_no, version FROM intent.begin_attempt(intent.job_id('dave', 'render-1'), 'gpu-a');
+SELECT attempt_id, attempt_no, version FROM intent.begin_attempt(intent.job_id('dave', 'render-1'), 'gpu-a', '1 hour');
 SELECT no, provider, state, version_read, worker FROM t.attempts(intent.job_id('dave', 'render-1'));
 SELECT state, version, attempt_count FROM t.job(intent.job_id('dave', 'render-1'));
 
@@ -55,6 +55,8 @@ SELECT state, version, attempt_count FROM t.job(intent.job_id('dave', 'render-1'
 --    open again after an abandon.
 SELECT job_id, created FROM intent.submit_job('dave', 'render-once', 'gpu-a', '{}', NULL, 1);
 SELECT attempt_no FROM intent.begin_attempt(intent.job_id('dave', 'render-once'));
+-- (Begun with the defaults: the job's provider, a lease of 30 seconds, no worker.)
+SELECT provider, lease, worker FROM intent.attempts WHERE job_id = intent.job_id('dave', 'render-once');
 SELECT intent.abandon_attempt(intent.attempt_id(intent.job_id('dave', 'render-once'), 1), 'stuck');
 SELECT state, attempt_count, max_attempts FROM t.job(intent.job_id('dave', 'render-once'));
 SELECT * FROM t.snapshot();
@@ -81,7 +83,7 @@ SELECT * FROM intent.begin_attempt(intent.job_id('dave', 'render-3'), 'GPU-A');
 SELECT * FROM t.unchanged();
 SELECT state, attempt_count FROM t.job(intent.job_id('dave', 'render-3'));
 -- Naming the job's own provider explicitly is not a failover.
-SELECT attempt_no, version FROM intent.begin_attempt(intent.job_id('dave', 'render-3'), 'gpu-a');
+SELECT attempt_no, version FROM intent.begin_attempt(intent.job_id('dave', 'render-3'), 'gpu-a', '1 hour');
 
 -- 7. IJ004 job_finished: a succeeded, failed or cancelled job never runs again. A finished
 --    job is checked before its open attempts: a job cancelled while an attempt is still out
@@ -90,10 +92,10 @@ SELECT attempt_no, version FROM intent.begin_attempt(intent.job_id('dave', 'rend
 -- name attempt 1 before it exists, but cannot report for it.)
 SELECT intent.complete_attempt(intent.attempt_id(intent.job_id('dave', 'render-2'), 1), 1, '{}');
 \echo SQLSTATE :SQLSTATE
-SELECT attempt_no FROM intent.begin_attempt(intent.job_id('dave', 'render-2'));
+SELECT attempt_no FROM intent.begin_attempt(intent.job_id('dave', 'render-2'), NULL, '1 hour');
 SELECT intent.complete_attempt(intent.attempt_id(intent.job_id('dave', 'render-2'), 1), 1, '{"ok": true}');
 SELECT job_id, created FROM intent.submit_job('dave', 'render-4', 'gpu-a', '{}');
-SELECT attempt_no FROM intent.begin_attempt(intent.job_id('dave', 'render-4'));
+SELECT attempt_no FROM intent.begin_attempt(intent.job_id('dave', 'render-4'), NULL, '1 hour');
 SELECT intent.fail_attempt(intent.attempt_id(intent.job_id('dave', 'render-4'), 1), 1, '{"code": "bad_request"}', false);
 SELECT intent.cancel_job(intent.job_id('dave', 'render-3'), 'no longer needed');
 SELECT id = intent.job_id('dave', 'render-2') AS r2, id = intent.job_id('dave', 'render-3') AS r3,

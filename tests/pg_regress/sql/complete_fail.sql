@@ -12,7 +12,7 @@ TRUNCATE intent.jobs, intent.attempts, intent.events;
 -- 1. won: the job becomes succeeded with the result, completed_by = the attempt, version + 1;
 --    the attempt becomes succeeded and finished. A win is not an event.
 SELECT job_id FROM intent.submit_job('erin', 'win', 'llm', '{"q": 1}');
-SELECT attempt_id, version FROM intent.begin_attempt(intent.job_id('erin', 'win'));
+SELECT attempt_id, version FROM intent.begin_attempt(intent.job_id('erin', 'win'), NULL, '1 hour');
 SELECT intent.complete_attempt(intent.attempt_id(intent.job_id('erin', 'win'), 1), 1, '{"answer": 42}');
 SELECT * FROM t.job(intent.job_id('erin', 'win'));
 SELECT completed_by FROM intent.jobs WHERE id = intent.job_id('erin', 'win');
@@ -36,7 +36,7 @@ SELECT * FROM t.unchanged();
 --    its own row, and a late_result event records the race (winner: none, the version the
 --    attempt presented and the current one).
 SELECT job_id FROM intent.submit_job('erin', 'lose', 'llm', '{"q": 2}');
-SELECT attempt_no, version FROM intent.begin_attempt(intent.job_id('erin', 'lose'));
+SELECT attempt_no, version FROM intent.begin_attempt(intent.job_id('erin', 'lose'), NULL, '1 hour');
 SELECT intent.cancel_job(intent.job_id('erin', 'lose'), 'user left');
 SELECT intent.complete_attempt(intent.attempt_id(intent.job_id('erin', 'lose'), 1), 1, '{"answer": "late"}');
 SELECT * FROM t.job(intent.job_id('erin', 'lose'));
@@ -51,7 +51,7 @@ SELECT * FROM t.unchanged();
 --    finished), the job returns to pending with its version unchanged, and the next attempt
 --    may begin. A definite failure is not an event.
 SELECT job_id FROM intent.submit_job('erin', 'retry', 'llm', '{"q": 3}', NULL, 2);
-SELECT attempt_no, version FROM intent.begin_attempt(intent.job_id('erin', 'retry'));
+SELECT attempt_no, version FROM intent.begin_attempt(intent.job_id('erin', 'retry'), NULL, '1 hour');
 SELECT intent.fail_attempt(intent.attempt_id(intent.job_id('erin', 'retry'), 1), 1, '{"status": 503}');
 SELECT * FROM t.job(intent.job_id('erin', 'retry'));
 SELECT * FROM t.attempts(intent.job_id('erin', 'retry'));
@@ -62,7 +62,7 @@ SELECT * FROM t.unchanged();
 
 -- 5. The last attempt fails (retryable, but none remain): the job fails through the same
 --    compare-and-swap as a win: completed_by = that attempt, version + 1, its error copied.
-SELECT attempt_no, version FROM intent.begin_attempt(intent.job_id('erin', 'retry'));
+SELECT attempt_no, version FROM intent.begin_attempt(intent.job_id('erin', 'retry'), NULL, '1 hour');
 SELECT intent.fail_attempt(intent.attempt_id(intent.job_id('erin', 'retry'), 2), 1, '{"status": 502}');
 SELECT * FROM t.job(intent.job_id('erin', 'retry'));
 SELECT * FROM t.attempts(intent.job_id('erin', 'retry'));
@@ -72,7 +72,7 @@ SELECT * FROM t.unchanged();
 
 -- 6. Not retryable: the job fails at once, attempts left or not.
 SELECT job_id FROM intent.submit_job('erin', 'fatal', 'llm', '{"q": 4}');
-SELECT attempt_no FROM intent.begin_attempt(intent.job_id('erin', 'fatal'));
+SELECT attempt_no FROM intent.begin_attempt(intent.job_id('erin', 'fatal'), NULL, '1 hour');
 SELECT intent.fail_attempt(intent.attempt_id(intent.job_id('erin', 'fatal'), 1), 1, '{"status": 400}', false);
 SELECT * FROM t.job(intent.job_id('erin', 'fatal'));
 
@@ -98,7 +98,7 @@ SELECT * FROM t.events(intent.job_id('erin', 'lose'));
 -- 9. A failure of an attempt that is still started after its job was cancelled: the attempt
 --    records its failure, the job stays cancelled, and the failure is logged as late_failure.
 SELECT job_id FROM intent.submit_job('erin', 'fail-after-cancel', 'llm', '{}');
-SELECT attempt_no FROM intent.begin_attempt(intent.job_id('erin', 'fail-after-cancel'));
+SELECT attempt_no FROM intent.begin_attempt(intent.job_id('erin', 'fail-after-cancel'), NULL, '1 hour');
 SELECT intent.cancel_job(intent.job_id('erin', 'fail-after-cancel'));
 SELECT intent.fail_attempt(intent.attempt_id(intent.job_id('erin', 'fail-after-cancel'), 1), 1, '{"status": 503}');
 SELECT * FROM t.job(intent.job_id('erin', 'fail-after-cancel'));
@@ -108,7 +108,7 @@ SELECT * FROM t.events(intent.job_id('erin', 'fail-after-cancel'));
 -- 10. An attempt whose outcome is unknown (the caller's timer fired) may still win: its work
 --     really happened. Its job goes from unknown to succeeded.
 SELECT job_id FROM intent.submit_job('erin', 'unknown-wins', 'llm', '{}');
-SELECT attempt_no FROM intent.begin_attempt(intent.job_id('erin', 'unknown-wins'));
+SELECT attempt_no FROM intent.begin_attempt(intent.job_id('erin', 'unknown-wins'), NULL, '1 hour');
 SELECT intent.mark_unknown(intent.attempt_id(intent.job_id('erin', 'unknown-wins'), 1));
 SELECT state FROM t.job(intent.job_id('erin', 'unknown-wins'));
 SELECT intent.complete_attempt(intent.attempt_id(intent.job_id('erin', 'unknown-wins'), 1), 1, '"done"');
@@ -117,11 +117,11 @@ SELECT no, state, result FROM t.attempts(intent.job_id('erin', 'unknown-wins'));
 
 -- 11. An unknown attempt may also turn out to have failed definitely: the gate opens again.
 SELECT job_id FROM intent.submit_job('erin', 'unknown-fails', 'llm', '{}');
-SELECT attempt_no FROM intent.begin_attempt(intent.job_id('erin', 'unknown-fails'));
+SELECT attempt_no FROM intent.begin_attempt(intent.job_id('erin', 'unknown-fails'), NULL, '1 hour');
 SELECT intent.mark_unknown(intent.attempt_id(intent.job_id('erin', 'unknown-fails'), 1));
 SELECT intent.fail_attempt(intent.attempt_id(intent.job_id('erin', 'unknown-fails'), 1), 1, '{"status": 404}');
 SELECT state, version, completed_by FROM t.job(intent.job_id('erin', 'unknown-fails'));
-SELECT attempt_no FROM intent.begin_attempt(intent.job_id('erin', 'unknown-fails'));
+SELECT attempt_no FROM intent.begin_attempt(intent.job_id('erin', 'unknown-fails'), NULL, '1 hour');
 
 -- 12. Refusals of complete_attempt and fail_attempt, each writing nothing:
 --     IJ007 for an attempt that was never begun, for a job id (last two bytes zero: it names

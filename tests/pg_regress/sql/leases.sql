@@ -84,9 +84,9 @@ SELECT * FROM t.error_of($$SELECT intent.begin_attempt(intent.job_id('frank', 'l
 --    attempt begun in a transaction lapses while that transaction is still open.
 BEGIN;
 SELECT job_id FROM intent.submit_job('frank', 'in-transaction', 'gpu', '{}');
-SELECT attempt_no FROM intent.begin_attempt(intent.job_id('frank', 'in-transaction'), NULL, '1 second');
+SELECT attempt_no FROM intent.begin_attempt(intent.job_id('frank', 'in-transaction'), NULL, '2 seconds');
 SELECT field, value FROM t.error_of($$SELECT intent.begin_attempt(intent.job_id('frank', 'in-transaction'))$$) WHERE field = 'SQLSTATE';
-SELECT pg_sleep(1.2);
+SELECT pg_sleep(2.2);
 SELECT field, value FROM t.error_of($$SELECT intent.begin_attempt(intent.job_id('frank', 'in-transaction'))$$) WHERE field = 'SQLSTATE';
 SELECT state FROM intent.submit_job('frank', 'in-transaction', 'gpu', '{}');
 COMMIT;

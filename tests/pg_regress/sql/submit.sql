@@ -74,7 +74,7 @@ SELECT job_id, created FROM intent.submit_job('carol', 'null-params', 'openai', 
 
 -- 10. A replay reports the job as it is now: its state, version and result, still writing
 --     nothing. Here alice's job runs, then wins with a result.
-SELECT attempt_id, attempt_no, version FROM intent.begin_attempt(intent.job_id('alice', 'click-1'));
+SELECT attempt_id, attempt_no, version FROM intent.begin_attempt(intent.job_id('alice', 'click-1'), NULL, '1 hour');
 SELECT * FROM t.snapshot();
 SELECT * FROM intent.submit_job('alice', 'click-1', 'openai', '{"prompt": "a cat", "n": 1}');
 SELECT * FROM t.unchanged();
