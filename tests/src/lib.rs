@@ -991,3 +991,24 @@ pub async fn wait_past_deadline(c: &Client, attempt_id: Uuid) {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
+
+/// Makes sure a contract named `name` can be referenced by a job: defines it with an
+/// accept-anything schema when the installed extension has `intent.define_contract` (once
+/// contracts exist, a job must name a defined one); does nothing on a build without contracts.
+/// Returns whether contracts are supported.
+pub async fn ensure_contract(c: &Client, name: &str) -> bool {
+    let supported: bool = c
+        .query_one(
+            "SELECT to_regprocedure('intent.define_contract(text,jsonb,regprocedure)') IS NOT NULL",
+            &[],
+        )
+        .await
+        .expect("look up intent.define_contract")
+        .get(0);
+    if supported {
+        c.query("SELECT intent.define_contract($1, '{}'::jsonb)", &[&name])
+            .await
+            .unwrap_or_else(|e| panic!("define contract {name}: {e:?}"));
+    }
+    supported
+}
