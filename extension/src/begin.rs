@@ -1,6 +1,6 @@
 //! `begin_attempt`: the gate. No new attempt while the last one's outcome is open.
 
-use crate::failover;
+use crate::contract;
 use crate::input;
 use crate::job::{self, Job};
 use crate::plans::{self, Statement};
@@ -111,7 +111,7 @@ fn begin(
         }
         let provider = provider.unwrap_or(&job.provider);
         if provider != job.provider {
-            failover::check(client, &job, provider)?;
+            contract::check_certified(client, &job, provider)?;
         }
         let attempt_no = job.attempt_count + 1;
         let attempt_id = Uuid::from_bytes(

@@ -1,20 +1,459 @@
-//! Contracts: what a job's result must satisfy before it can win.
+//! Contracts: what a job's result must satisfy before it can win (SPEC § Contracts and failover).
+//!
+//! A result is checked against the contract's JSON Schema (draft 2020-12), then by its optional
+//! SQL checker. Schemas are compiled once per backend and cached per contract version, so a
+//! redefinition takes effect at once and an unchanged contract is never compiled twice.
 
-use crate::job::{Attempt, Job};
+use crate::input;
 use crate::jsonb::Jsonb;
+use crate::plans::{self, Statement};
+use crate::refusal::{Answer, Refusal, split};
+use pgrx::datum::{Interval, TimestampWithTimeZone};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
+use serde_json::{Value, json};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
 
 /// The error kind recorded on an attempt whose result broke the job's contract.
 pub const VIOLATION: &str = "contract_violation";
 
-/// Validates a result against the job's contract; on a violation records the rejection and
-/// returns true.
-pub fn reject(
-    _client: &mut SpiClient<'_>,
-    _job: &Job,
-    _attempt: &Attempt,
-    _contract: &str,
-    _result: Jsonb,
-) -> bool {
-    false
+/// How many validation errors are kept on a rejected attempt; the first ones tell the story.
+const MAX_ERRORS: usize = 20;
+
+/// The longest certification: evidence gets stale, providers change their models.
+const MAX_VALIDITY_MICROS: i128 = 366 * 24 * 3600 * 1_000_000;
+
+static CONTRACT: Statement = Statement {
+    slot: 19,
+    sql: "SELECT version, checker::oid FROM intent.contracts WHERE name = $1",
+    args: &[pg_sys::TEXTOID],
+};
+
+static CONTRACT_SCHEMA: Statement = Statement {
+    slot: 20,
+    sql: "SELECT output_schema FROM intent.contracts WHERE name = $1 AND version = $2",
+    args: &[pg_sys::TEXTOID, pg_sys::INT4OID],
+};
+
+/// The checker runs in PL/pgSQL so that its errors are caught in a subtransaction there and
+/// become a rejection, instead of aborting the completion.
+static RUN_CHECKER: Statement = Statement {
+    slot: 21,
+    sql: "SELECT intent._run_checker($1::regprocedure, $2)",
+    args: &[pg_sys::OIDOID, pg_sys::JSONBOID],
+};
+
+static CHECKER_SIGNATURE: Statement = Statement {
+    slot: 22,
+    sql: "SELECT p.oid::regprocedure::text,
+                 p.pronargs = 1 AND p.proargtypes[0] = 'jsonb'::regtype AND p.prorettype = 'boolean'::regtype
+                   AND NOT p.proretset AND p.prokind = 'f',
+                 p.provolatile <> 'v'
+            FROM pg_catalog.pg_proc p WHERE p.oid = $1",
+    args: &[pg_sys::OIDOID],
+};
+
+/// Defines a contract, or redefines it (version + 1) when the schema or checker changed.
+static UPSERT_CONTRACT: Statement = Statement {
+    slot: 23,
+    sql: "INSERT INTO intent.contracts AS c (name, output_schema, checker, created_at, updated_at)
+          VALUES ($1, $2, $3::regprocedure, statement_timestamp(), statement_timestamp())
+          ON CONFLICT (name) DO UPDATE
+             SET output_schema = excluded.output_schema, checker = excluded.checker,
+                 version = c.version + 1, updated_at = statement_timestamp()
+           WHERE c.output_schema IS DISTINCT FROM excluded.output_schema
+              OR c.checker IS DISTINCT FROM excluded.checker
+          RETURNING version",
+    args: &[pg_sys::TEXTOID, pg_sys::JSONBOID, pg_sys::OIDOID],
+};
+
+static CERTIFY: Statement = Statement {
+    slot: 24,
+    sql: "INSERT INTO intent.certifications (provider, contract, contract_version, evidence, certified_at, expires_at)
+          VALUES ($1, $2, $3, $4, statement_timestamp(), statement_timestamp() + $5)
+          RETURNING expires_at",
+    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::INT4OID, pg_sys::JSONBOID, pg_sys::INTERVALOID],
+};
+
+static REVOKE: Statement = Statement {
+    slot: 25,
+    sql: "UPDATE intent.certifications SET revoked_at = statement_timestamp(), revoked_reason = $3
+           WHERE provider = $1 AND contract = $2 AND revoked_at IS NULL
+             AND expires_at > statement_timestamp()
+          RETURNING id",
+    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+};
+
+/// The certification that counts for a failover: the newest for (provider, contract).
+static CERTIFICATION: Statement = Statement {
+    slot: 26,
+    sql: "SELECT c.contract_version, c.expires_at <= statement_timestamp(), c.expires_at::text,
+                 c.revoked_at::text, c.revoked_reason, k.version
+            FROM intent.certifications c
+            JOIN intent.contracts k ON k.name = c.contract
+           WHERE c.provider = $1 AND c.contract = $2
+           ORDER BY c.id DESC LIMIT 1",
+    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID],
+};
+
+thread_local! {
+    /// Compiled schemas, per contract name, with the version they were compiled from.
+    static VALIDATORS: RefCell<HashMap<String, (i32, Rc<jsonschema::Validator>)>> =
+        RefCell::new(HashMap::new());
+}
+
+fn compile(schema: &Value) -> Result<jsonschema::Validator, String> {
+    jsonschema::draft202012::new(schema).map_err(|e| e.to_string())
+}
+
+fn validator(client: &mut SpiClient<'_>, name: &str, version: i32) -> Rc<jsonschema::Validator> {
+    if let Some(v) = VALIDATORS.with_borrow(|m| {
+        m.get(name)
+            .filter(|(cached, _)| *cached == version)
+            .map(|(_, v)| v.clone())
+    }) {
+        return v;
+    }
+    let row = plans::first(plans::run(
+        client,
+        &CONTRACT_SCHEMA,
+        &[name.into(), version.into()],
+    ))
+    .expect("the contract row was just read");
+    let schema: Jsonb = plans::must(&row, 1);
+    // A stored schema compiled when it was defined; failing now means the crate changed its mind.
+    let compiled = Rc::new(compile(&schema.to_value()).unwrap_or_else(|e| {
+        panic!("pg_intent: the stored schema of contract {name} no longer compiles: {e}")
+    }));
+    VALIDATORS.with_borrow_mut(|m| m.insert(name.to_string(), (version, compiled.clone())));
+    compiled
+}
+
+/// Why a result breaks a contract.
+pub struct Violation {
+    pub version: i32,
+    pub errors: Vec<Value>,
+}
+
+impl Violation {
+    /// The error document recorded on a rejected attempt and in the event log.
+    pub fn to_error(&self, contract: &str) -> Value {
+        json!({
+            "kind": VIOLATION,
+            "contract": contract,
+            "contract_version": self.version,
+            "errors": self.errors,
+        })
+    }
+}
+
+/// Validates a result: schema first, then the checker. None when the contract does not exist.
+pub fn validate(
+    client: &mut SpiClient<'_>,
+    name: &str,
+    result: Jsonb,
+) -> Option<Result<(), Violation>> {
+    let row = plans::first(plans::run(client, &CONTRACT, &[name.into()]))?;
+    let version: i32 = plans::must(&row, 1);
+    let checker: Option<pg_sys::Oid> = plans::get(&row, 2);
+    let validator = validator(client, name, version);
+    let value = result.to_value();
+    let errors: Vec<Value> = validator
+        .iter_errors(&value)
+        .take(MAX_ERRORS)
+        .map(|e| json!({"path": e.instance_path().to_string(), "message": e.to_string()}))
+        .collect();
+    if !errors.is_empty() {
+        return Some(Err(Violation { version, errors }));
+    }
+    if let Some(checker) = checker {
+        let row = plans::first(plans::run(
+            client,
+            &RUN_CHECKER,
+            &[checker.into(), result.into()],
+        ))
+        .expect("SELECT returns a row");
+        if let Some(complaint) = plans::get::<String>(&row, 1) {
+            return Some(Err(Violation {
+                version,
+                errors: vec![json!({"checker": complaint})],
+            }));
+        }
+    }
+    Some(Ok(()))
+}
+
+fn undefined(name: &str) -> Refusal {
+    Refusal::bad_input(format!("contract \"{name}\" is not defined"))
+        .detail(format!("No row in intent.contracts has name \"{name}\"."))
+        .hint("Define it first with intent.define_contract(name, output_schema, checker).")
+}
+
+/// The current version of a contract, or the `22023` refusal for an undefined one.
+pub fn current_version(client: &mut SpiClient<'_>, name: &str) -> Answer<i32> {
+    let row = plans::first(plans::run(client, &CONTRACT, &[name.into()]))
+        .ok_or_else(|| undefined(name))?;
+    Ok(plans::must(&row, 1))
+}
+
+/// Refuses (IJ005) a failover to `provider` unless it holds a current certification for the
+/// job's contract: not revoked, not expired, earned on the contract's current version.
+pub fn check_certified(
+    client: &mut SpiClient<'_>,
+    job: &crate::job::Job,
+    provider: &str,
+) -> Answer<()> {
+    let refuse = |why: String| {
+        Refusal::provider_not_certified(format!(
+            "failover of job {} to provider \"{provider}\" is not allowed",
+            job.id
+        ))
+        .detail(format!("The job's provider is \"{}\"; {why}.", job.provider))
+        .hint("Run the contract tests against the provider and record them with intent.certify_provider(), or begin the attempt on the job's own provider.")
+    };
+    let Some(contract) = &job.contract else {
+        return Err(refuse(format!(
+            "job {} names no contract, so no other provider can be trusted with it",
+            job.id
+        )));
+    };
+    let Some(row) = plans::first(plans::run(
+        client,
+        &CERTIFICATION,
+        &[provider.into(), contract.as_str().into()],
+    )) else {
+        return Err(refuse(format!(
+            "provider \"{provider}\" was never certified for contract \"{contract}\""
+        )));
+    };
+    let certified_version: i32 = plans::must(&row, 1);
+    let expired: bool = plans::must(&row, 2);
+    let expires_at: String = plans::must(&row, 3);
+    let revoked_at: Option<String> = plans::get(&row, 4);
+    let revoked_reason: Option<String> = plans::get(&row, 5);
+    let current_version: i32 = plans::must(&row, 6);
+    if let Some(at) = revoked_at {
+        return Err(refuse(format!(
+            "its certification for contract \"{contract}\" was revoked at {at}: {}",
+            revoked_reason.unwrap_or_default()
+        )));
+    }
+    if expired {
+        return Err(refuse(format!(
+            "its certification for contract \"{contract}\" expired at {expires_at}"
+        )));
+    }
+    if certified_version != current_version {
+        return Err(refuse(format!(
+            "it was certified for version {certified_version} of contract \"{contract}\", which is now at version {current_version}"
+        )));
+    }
+    Ok(())
+}
+
+/// Core of `intent.define_contract`: returns the contract's version.
+#[pg_extern(name = "_define_contract", volatile, parallel_unsafe)]
+fn define_contract_core(
+    name: Option<&str>,
+    output_schema: Option<Jsonb>,
+    checker: Option<pg_sys::Oid>,
+) -> TableIterator<
+    'static,
+    (
+        name!(err_code, Option<String>),
+        name!(err_message, Option<String>),
+        name!(err_detail, Option<String>),
+        name!(err_hint, Option<String>),
+        name!(version, Option<i32>),
+    ),
+> {
+    let ((code, message, detail, hint), ok) = split(define(name, output_schema, checker));
+    TableIterator::once((code, message, detail, hint, ok))
+}
+
+fn define(
+    name: Option<&str>,
+    output_schema: Option<Jsonb>,
+    checker: Option<pg_sys::Oid>,
+) -> Answer<i32> {
+    let name = input::name("name", name)?;
+    let schema = input::document("output_schema", output_schema)?;
+    if let Err(e) = compile(&schema.to_value()) {
+        return Err(
+            Refusal::bad_input("output_schema is not a valid JSON Schema (draft 2020-12)")
+                .detail(e)
+                .hint("Validate the schema against the draft 2020-12 meta-schema."),
+        );
+    }
+    Spi::connect_mut(|client| {
+        if let Some(oid) = checker {
+            let Some(row) = plans::first(plans::run(client, &CHECKER_SIGNATURE, &[oid.into()]))
+            else {
+                return Err(Refusal::bad_input(format!(
+                    "checker function {oid} does not exist"
+                )));
+            };
+            let signature: String = plans::must(&row, 1);
+            if !plans::must::<bool>(&row, 2) {
+                return Err(Refusal::bad_input(format!(
+                    "checker {signature} must take (jsonb) and return boolean"
+                ))
+                .hint("Declare it as CREATE FUNCTION ...(result jsonb) RETURNS boolean."));
+            }
+            if !plans::must::<bool>(&row, 3) {
+                return Err(Refusal::bad_input(format!(
+                    "checker {signature} must be STABLE or IMMUTABLE"
+                ))
+                .detail("A checker only judges a result; a volatile function could write.")
+                .hint("Declare it STABLE (or IMMUTABLE)."));
+            }
+        }
+        let inserted = plans::first(plans::run(
+            client,
+            &UPSERT_CONTRACT,
+            &[name.into(), schema.into(), checker.into()],
+        ));
+        match inserted {
+            Some(row) => Ok(plans::must(&row, 1)),
+            // Unchanged definition: keep the version, and the certifications earned on it.
+            None => current_version(client, name),
+        }
+    })
+}
+
+/// Core of `intent.certify_provider`: returns when the certification expires.
+#[pg_extern(name = "_certify_provider", volatile, parallel_unsafe)]
+fn certify_provider_core(
+    provider: Option<&str>,
+    contract: Option<&str>,
+    evidence: Option<Jsonb>,
+    valid_for: Option<Interval>,
+) -> TableIterator<
+    'static,
+    (
+        name!(err_code, Option<String>),
+        name!(err_message, Option<String>),
+        name!(err_detail, Option<String>),
+        name!(err_hint, Option<String>),
+        name!(expires_at, Option<TimestampWithTimeZone>),
+    ),
+> {
+    let ((code, message, detail, hint), ok) =
+        split(certify(provider, contract, evidence, valid_for));
+    TableIterator::once((code, message, detail, hint, ok))
+}
+
+fn certify(
+    provider: Option<&str>,
+    contract: Option<&str>,
+    evidence: Option<Jsonb>,
+    valid_for: Option<Interval>,
+) -> Answer<TimestampWithTimeZone> {
+    let provider = input::name("provider", provider)?;
+    let contract = input::name("contract", contract)?;
+    let evidence = input::document("evidence", evidence)?;
+    let valid_for = input::required("valid_for", valid_for)?;
+    let micros = valid_for.as_micros();
+    if micros <= 0 || micros > MAX_VALIDITY_MICROS {
+        return Err(
+            Refusal::bad_input("valid_for must be positive and at most 366 days")
+                .detail(format!("valid_for is {valid_for}."))
+                .hint("Certify again with fresh evidence when it expires."),
+        );
+    }
+    Spi::connect_mut(|client| {
+        let version = current_version(client, contract)?;
+        let row = plans::first(plans::run(
+            client,
+            &CERTIFY,
+            &[
+                provider.into(),
+                contract.into(),
+                version.into(),
+                evidence.into(),
+                valid_for.into(),
+            ],
+        ))
+        .expect("INSERT … RETURNING returns the row");
+        Ok(plans::must(&row, 1))
+    })
+}
+
+/// Core of `intent.revoke_certification`: true when a current certification was revoked.
+#[pg_extern(name = "_revoke_certification", volatile, parallel_unsafe)]
+fn revoke_certification_core(
+    provider: Option<&str>,
+    contract: Option<&str>,
+    reason: Option<&str>,
+) -> TableIterator<
+    'static,
+    (
+        name!(err_code, Option<String>),
+        name!(err_message, Option<String>),
+        name!(err_detail, Option<String>),
+        name!(err_hint, Option<String>),
+        name!(revoked, Option<bool>),
+    ),
+> {
+    let ((code, message, detail, hint), ok) = split(revoke(provider, contract, reason));
+    TableIterator::once((code, message, detail, hint, ok))
+}
+
+fn revoke(provider: Option<&str>, contract: Option<&str>, reason: Option<&str>) -> Answer<bool> {
+    let provider = input::name("provider", provider)?;
+    let contract = input::name("contract", contract)?;
+    let reason = input::reason(reason, true)?;
+    Spi::connect_mut(|client| {
+        current_version(client, contract)?;
+        let revoked = plans::run(
+            client,
+            &REVOKE,
+            &[provider.into(), contract.into(), reason.into()],
+        );
+        Ok(!revoked.is_empty())
+    })
+}
+
+/// Core of `intent.validate_result`: checks a result against a contract on its own, writing
+/// nothing (for the contract-test harness and for DBAs).
+#[pg_extern(name = "_validate_result", volatile, parallel_unsafe)]
+fn validate_result_core(
+    contract: Option<&str>,
+    result: Option<Jsonb>,
+) -> TableIterator<
+    'static,
+    (
+        name!(err_code, Option<String>),
+        name!(err_message, Option<String>),
+        name!(err_detail, Option<String>),
+        name!(err_hint, Option<String>),
+        name!(valid, Option<bool>),
+        name!(errors, Option<pgrx::JsonB>),
+    ),
+> {
+    let ((code, message, detail, hint), ok) = split(validate_result(contract, result));
+    TableIterator::once(match ok {
+        Some((valid, errors)) => (
+            code,
+            message,
+            detail,
+            hint,
+            Some(valid),
+            Some(pgrx::JsonB(errors)),
+        ),
+        None => (code, message, detail, hint, None, None),
+    })
+}
+
+fn validate_result(contract: Option<&str>, result: Option<Jsonb>) -> Answer<(bool, Value)> {
+    let contract = input::name("contract", contract)?;
+    let result = input::document("result", result)?;
+    Spi::connect_mut(|client| match validate(client, contract, result) {
+        None => Err(undefined(contract)),
+        Some(Ok(())) => Ok((true, json!([]))),
+        Some(Err(v)) => Ok((false, Value::Array(v.errors))),
+    })
 }

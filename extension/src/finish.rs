@@ -4,7 +4,7 @@
 //! as the SPEC states it (`WHERE version = $v AND completed_by IS NULL`) so that the rule is
 //! visible in the statement a DBA reads, and holds even for a caller that bypassed the lock.
 
-use crate::contract;
+use crate::contract::{self, Violation};
 use crate::input;
 use crate::job::{self, Attempt, Job};
 use crate::jsonb::Jsonb;
@@ -13,6 +13,7 @@ use crate::refusal::{Answer, split};
 use pgrx::Uuid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
 
 /// The compare-and-swap, the attempt's own outcome and, when it lost, the logged race.
 static COMPLETE: Statement = Statement {
@@ -53,12 +54,21 @@ static LOG_RESULT_AFTER_FAILURE: Statement = Statement {
     args: &[pg_sys::UUIDOID, pg_sys::UUIDOID, pg_sys::JSONBOID, pg_sys::INT8OID],
 };
 
-/// Records a definite failure on the attempt.
+/// Records a definite failure on the attempt; a rejected result stays on its own row.
 static FAIL_ATTEMPT: Statement = Statement {
     slot: 9,
-    sql: "UPDATE intent.attempts SET state = 'failed', error = $2, finished_at = statement_timestamp()
+    sql: "UPDATE intent.attempts SET state = 'failed', error = $2, result = $3, finished_at = statement_timestamp()
            WHERE id = $1",
-    args: &[pg_sys::UUIDOID, pg_sys::JSONBOID],
+    args: &[pg_sys::UUIDOID, pg_sys::JSONBOID, pg_sys::JSONBOID],
+};
+
+/// A result that broke the job's contract, logged with the validation errors.
+static LOG_VIOLATION: Statement = Statement {
+    slot: 27,
+    sql: "INSERT INTO intent.events (job_id, attempt_id, kind, detail)
+          VALUES ($2, $1, 'contract_violation', $3::jsonb || jsonb_build_object('job_state', $4::text))
+          RETURNING detail - 'job_state'",
+    args: &[pg_sys::UUIDOID, pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
 };
 
 /// The final failure of the job, by the same compare-and-swap as a win.
@@ -165,10 +175,11 @@ fn complete(
         } else {
             attempt.state.as_str()
         };
-        if let Some(contract) = &job.contract {
-            if contract::reject(client, &job, &attempt, contract, result) {
-                return Ok("rejected");
-            }
+        if let Some(name) = &job.contract
+            && let Some(Err(violation)) = contract::validate(client, name, result)
+        {
+            reject(client, &job, &attempt, name, &violation, result);
+            return Ok("rejected");
         }
         let row = plans::first(plans::run(
             client,
@@ -235,37 +246,95 @@ fn fail(
             }
             _ => {}
         }
-        let was_open = matches!(attempt.state.as_str(), "started" | "unknown");
-        plans::run(client, &FAIL_ATTEMPT, &[attempt_id.into(), error.into()]);
         if job.is_terminal() {
+            plans::run(
+                client,
+                &FAIL_ATTEMPT,
+                &[attempt_id.into(), error.into(), None::<Jsonb>.into()],
+            );
             log_late_failure(client, &job, &attempt, error);
             return Ok(job.state.clone());
         }
-        // An abandoned attempt failing leaves the open attempt, if any, in charge of the job.
-        let other_open = !was_open && job::open_attempt(client, job.id).is_some();
-        let exhausted = job.attempt_count >= job.max_attempts;
-        if !retryable || (exhausted && !other_open) {
-            let row = plans::first(plans::run(
-                client,
-                &FAIL_JOB,
-                &[
-                    attempt_id.into(),
-                    job.id.into(),
-                    error.into(),
-                    version.into(),
-                ],
-            ));
-            return Ok(match row {
-                Some(row) => plans::must(&row, 1),
-                None => effective_state(client, &job),
-            });
-        }
-        if !other_open {
-            plans::run(client, &REOPEN_JOB, &[job.id.into()]);
-            return Ok("pending".into());
-        }
-        Ok(effective_state(client, &job))
+        Ok(settle_failure(
+            client, &job, &attempt, error, None, retryable,
+        ))
     })
+}
+
+/// A result that broke the contract: the attempt fails with the validation errors (its result
+/// kept on its row), the violation is logged, and the job goes on as after a retryable failure.
+fn reject(
+    client: &mut SpiClient<'_>,
+    job: &Job,
+    attempt: &Attempt,
+    contract: &str,
+    violation: &Violation,
+    result: Jsonb,
+) {
+    let error = violation.to_error(contract).to_string();
+    let logged = plans::first(plans::run(
+        client,
+        &LOG_VIOLATION,
+        &[
+            attempt.id.into(),
+            job.id.into(),
+            error.as_str().into(),
+            job.state.as_str().into(),
+        ],
+    ))
+    .expect("INSERT … RETURNING returns the row");
+    let error: Jsonb = plans::must(&logged, 1);
+    if job.is_terminal() {
+        plans::run(
+            client,
+            &FAIL_ATTEMPT,
+            &[attempt.id.into(), error.into(), result.into()],
+        );
+        return;
+    }
+    settle_failure(client, job, attempt, error, Some(result), true);
+}
+
+/// A definite failure of an attempt of an open job: records it and moves the job. Returns the
+/// job's state afterwards.
+fn settle_failure(
+    client: &mut SpiClient<'_>,
+    job: &Job,
+    attempt: &Attempt,
+    error: Jsonb,
+    result: Option<Jsonb>,
+    retryable: bool,
+) -> String {
+    let was_open = matches!(attempt.state.as_str(), "started" | "unknown");
+    plans::run(
+        client,
+        &FAIL_ATTEMPT,
+        &[attempt.id.into(), error.into(), result.into()],
+    );
+    // An abandoned attempt failing leaves the open attempt, if any, in charge of the job.
+    let other_open = !was_open && job::open_attempt(client, job.id).is_some();
+    let exhausted = job.attempt_count >= job.max_attempts;
+    if !retryable || (exhausted && !other_open) {
+        let row = plans::first(plans::run(
+            client,
+            &FAIL_JOB,
+            &[
+                attempt.id.into(),
+                job.id.into(),
+                error.into(),
+                attempt.version_read.into(),
+            ],
+        ));
+        return match row {
+            Some(row) => plans::must(&row, 1),
+            None => effective_state(client, job),
+        };
+    }
+    if !other_open {
+        plans::run(client, &REOPEN_JOB, &[job.id.into()]);
+        return "pending".into();
+    }
+    effective_state(client, job)
 }
 
 fn log_late_failure(
@@ -288,13 +357,13 @@ fn log_late_failure(
 
 /// The job's state as the SPEC defines it: a running job whose open attempt ran out of lease
 /// is unknown.
-fn effective_state(client: &mut pgrx::spi::SpiClient<'_>, job: &Job) -> String {
-    if job.state == "running" {
-        if let Some(open) = job::open_attempt(client, job.id) {
-            if open.state == "started" && open.lapsed {
-                return "unknown".into();
-            }
-        }
+fn effective_state(client: &mut SpiClient<'_>, job: &Job) -> String {
+    if job.state == "running"
+        && let Some(open) = job::open_attempt(client, job.id)
+        && open.state == "started"
+        && open.lapsed
+    {
+        return "unknown".into();
     }
     job.state.clone()
 }

@@ -94,7 +94,7 @@ pub fn max_attempts(value: Option<i32>) -> Answer<i32> {
 }
 
 /// A reason: NULL if allowed, else 1 to 1000 characters.
-pub fn reason<'a>(value: Option<&'a str>, required_: bool) -> Answer<Option<&'a str>> {
+pub fn reason(value: Option<&str>, required_: bool) -> Answer<Option<&str>> {
     match value {
         None if required_ => Err(required::<()>("reason", None)
             .unwrap_err()

@@ -23,6 +23,14 @@ impl Jsonb {
         // SAFETY: self.0 is a valid varlena datum (it came from PostgreSQL as jsonb).
         unsafe { pg_sys::toast_raw_datum_size(self.0) }
     }
+
+    /// Parses the value, for the one place that must look inside: contract validation.
+    pub fn to_value(self) -> serde_json::Value {
+        // SAFETY: self.0 is a valid, non-NULL jsonb datum.
+        unsafe { pgrx::JsonB::from_polymorphic_datum(self.0, false, pg_sys::JSONBOID) }
+            .expect("a non-NULL jsonb datum")
+            .0
+    }
 }
 
 impl FromDatum for Jsonb {

@@ -6,6 +6,10 @@
 //! PL/pgSQL wrapper (`intent.submit_job`, …, in `sql/api.sql`) that raises the refusal with its
 //! exact SQLSTATE. See `refusal.rs` for why.
 
+// pgrx reads a function's result columns from the tuple written inline in its signature, so
+// the core functions cannot name their row types with aliases.
+#![allow(clippy::type_complexity)]
+
 use pgrx::prelude::*;
 
 ::pgrx::pg_module_magic!(name, version);
@@ -13,7 +17,6 @@ use pgrx::prelude::*;
 mod begin;
 mod contract;
 mod decisions;
-mod failover;
 mod finish;
 mod ids;
 mod input;
@@ -41,11 +44,17 @@ extension_sql_file!(
     requires = ["jobs", ids::job_of]
 );
 extension_sql_file!(
+    "../../sql/contracts.sql",
+    name = "contracts",
+    requires = ["jobs"]
+);
+extension_sql_file!(
     "../../sql/api.sql",
     name = "api",
     requires = [
         "attempts",
         "events",
+        "contracts",
         submit::submit_job_core,
         begin::begin_attempt_core,
         finish::complete_attempt_core,
@@ -55,6 +64,18 @@ extension_sql_file!(
         lease::sweep_core,
         decisions::abandon_attempt_core,
         decisions::cancel_job_core,
+    ]
+);
+extension_sql_file!(
+    "../../sql/contracts_api.sql",
+    name = "contracts_api",
+    requires = [
+        "contracts",
+        "api",
+        contract::define_contract_core,
+        contract::certify_provider_core,
+        contract::revoke_certification_core,
+        contract::validate_result_core,
     ]
 );
 extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);

@@ -120,6 +120,9 @@ fn submit(
     let job_id = Uuid::from_bytes(pg_intent_id::job_id_unchecked(owner_id, key));
 
     Spi::connect_mut(|client| {
+        if let Some(contract) = contract {
+            crate::contract::current_version(client, contract)?;
+        }
         // A conflict whose row then cannot be found was deleted in between (a purge): the key is
         // free again, so insert again. Three rounds is plenty; more means something is wrong.
         for _ in 0..3 {

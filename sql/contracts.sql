@@ -1,0 +1,75 @@
+-- pg_intent: contracts and certifications (SPEC § Contracts and failover).
+--
+-- Providers are not interchangeable because they share an HTTP client and a JSON schema. A
+-- contract says what a job's result must satisfy; a certification is recorded evidence that a
+-- provider meets it, with an expiry. Failover to a provider other than the job's own needs a
+-- current certification; every result of a job with a contract is validated before it can win.
+-- Both tables are small reference data, read on failover and on completion.
+
+CREATE TABLE intent.contracts (
+    name           text          NOT NULL,
+    output_schema  jsonb         NOT NULL,
+    checker        regprocedure,
+    version        integer       NOT NULL DEFAULT 1,
+    created_at     timestamptz   NOT NULL DEFAULT now(),
+    updated_at     timestamptz   NOT NULL DEFAULT now(),
+
+    CONSTRAINT contracts_pkey PRIMARY KEY (name),
+    CONSTRAINT contracts_name_length CHECK (char_length(name) BETWEEN 1 AND 255),
+    CONSTRAINT contracts_schema_is_object CHECK (jsonb_typeof(output_schema) IN ('object', 'boolean')),
+    CONSTRAINT contracts_version_positive CHECK (version >= 1)
+);
+
+COMMENT ON TABLE intent.contracts IS
+    'What a job''s result must satisfy: a JSON Schema (draft 2020-12) for its shape and, optionally, a SQL checker (jsonb) -> boolean for what business logic must be able to interpret.';
+COMMENT ON COLUMN intent.contracts.name IS 'The name jobs refer to in intent.jobs.contract.';
+COMMENT ON COLUMN intent.contracts.output_schema IS 'JSON Schema (draft 2020-12) every result must validate against.';
+COMMENT ON COLUMN intent.contracts.checker IS
+    'Optional STABLE or IMMUTABLE function (jsonb) -> boolean run after the schema; anything but true (false, NULL, an error) rejects the result.';
+COMMENT ON COLUMN intent.contracts.version IS
+    'Bumped whenever the schema or the checker changes. Certifications count only for the version they were earned on.';
+COMMENT ON COLUMN intent.contracts.created_at IS 'When the contract was first defined.';
+COMMENT ON COLUMN intent.contracts.updated_at IS 'When the schema or checker last changed.';
+
+CREATE TABLE intent.certifications (
+    id                bigint       GENERATED ALWAYS AS IDENTITY,
+    provider          text         NOT NULL,
+    contract          text         NOT NULL,
+    contract_version  integer      NOT NULL,
+    evidence          jsonb        NOT NULL,
+    certified_at      timestamptz  NOT NULL DEFAULT statement_timestamp(),
+    expires_at        timestamptz  NOT NULL,
+    revoked_at        timestamptz,
+    revoked_reason    text,
+
+    CONSTRAINT certifications_pkey PRIMARY KEY (id),
+    CONSTRAINT certifications_contract_fkey FOREIGN KEY (contract) REFERENCES intent.contracts (name),
+    CONSTRAINT certifications_provider_length CHECK (char_length(provider) BETWEEN 1 AND 255),
+    CONSTRAINT certifications_expires_after_certified CHECK (expires_at > certified_at),
+    CONSTRAINT certifications_revocation_has_reason CHECK ((revoked_at IS NULL) = (revoked_reason IS NULL))
+);
+
+-- The newest certification of a provider for a contract is the one that counts.
+CREATE INDEX certifications_provider_contract ON intent.certifications (provider, contract, id DESC);
+
+COMMENT ON TABLE intent.certifications IS
+    'Recorded evidence that a provider passed a contract''s tests. History is kept: the newest row for (provider, contract) decides, and it is current while not revoked, not expired and earned on the contract''s current version.';
+COMMENT ON COLUMN intent.certifications.id IS 'Orders certifications; the highest id for (provider, contract) is the one that counts.';
+COMMENT ON COLUMN intent.certifications.provider IS 'The certified provider.';
+COMMENT ON COLUMN intent.certifications.contract IS 'The contract it was certified for.';
+COMMENT ON COLUMN intent.certifications.contract_version IS 'The contract version the evidence was earned on; a redefined contract needs new evidence.';
+COMMENT ON COLUMN intent.certifications.evidence IS 'The contract-test results: inputs, pass/fail per case, provider settings.';
+COMMENT ON COLUMN intent.certifications.certified_at IS 'When the certification was recorded.';
+COMMENT ON COLUMN intent.certifications.expires_at IS 'After this, failover to the provider is refused until it is certified again.';
+COMMENT ON COLUMN intent.certifications.revoked_at IS 'When revoke_certification withdrew it (NULL: not revoked).';
+COMMENT ON COLUMN intent.certifications.revoked_reason IS 'Why it was revoked.';
+COMMENT ON INDEX intent.certifications_provider_contract IS 'Finds the certification that counts for a failover.';
+
+ALTER TABLE intent.jobs
+    ADD CONSTRAINT jobs_contract_fkey FOREIGN KEY (contract) REFERENCES intent.contracts (name);
+COMMENT ON CONSTRAINT jobs_contract_fkey ON intent.jobs IS
+    'A job names a defined contract, and a contract in use cannot be dropped.';
+
+SELECT pg_catalog.pg_extension_config_dump('intent.contracts', '');
+SELECT pg_catalog.pg_extension_config_dump('intent.certifications', '');
+SELECT pg_catalog.pg_extension_config_dump('intent.certifications_id_seq', '');

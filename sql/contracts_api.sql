@@ -1,0 +1,108 @@
+-- pg_intent: the SQL API of SPEC § Contracts and failover.
+--
+-- Same pattern as api.sql: a Rust core returns refusals, a SECURITY DEFINER wrapper with a
+-- pinned search_path raises them with their exact SQLSTATE. Defining contracts and certifying
+-- providers is an administrator's job: checkers run with the extension owner's rights, so these
+-- functions must only be granted to trusted roles (see the README, "Privileges").
+
+CREATE FUNCTION intent._run_checker(checker regprocedure, result jsonb)
+RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, intent, pg_temp
+AS $$
+DECLARE
+    ok boolean;
+BEGIN
+    -- regproc's text is the function's name, schema-qualified unless it is in pg_catalog or
+    -- intent, so this calls exactly the function the contract names.
+    EXECUTE format('SELECT %s($1)', checker::oid::regproc) INTO ok USING result;
+    IF ok IS TRUE THEN
+        RETURN NULL;
+    END IF;
+    RETURN format('checker %s returned %s', checker, coalesce(ok::text, 'NULL'));
+EXCEPTION WHEN OTHERS THEN
+    -- A checker that raises on a result it cannot interpret has rejected it.
+    RETURN format('checker %s raised %s: %s', checker, SQLSTATE, SQLERRM);
+END
+$$;
+COMMENT ON FUNCTION intent._run_checker(regprocedure, jsonb) IS
+    'Internal: runs a contract''s checker on a result; NULL when it returned true, else why the result is rejected (false, NULL, or the error it raised).';
+
+CREATE FUNCTION intent.define_contract(name text, output_schema jsonb, checker regprocedure DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, intent, pg_temp
+AS $$
+DECLARE
+    r record;
+BEGIN
+    SELECT * INTO r FROM intent._define_contract($1, $2, $3::oid);
+    IF r.err_code IS NOT NULL THEN
+        PERFORM intent._refuse(r.err_code, r.err_message, r.err_detail, r.err_hint);
+    END IF;
+    RETURN r.version;
+END
+$$;
+COMMENT ON FUNCTION intent.define_contract(text, jsonb, regprocedure) IS
+    'Defines a contract (JSON Schema draft 2020-12, optional STABLE checker (jsonb) -> boolean) and returns its version. Redefining it with another schema or checker bumps the version, and certifications earned on the old version stop counting; the same definition again changes nothing.';
+
+CREATE FUNCTION intent.certify_provider(provider text, contract text, evidence jsonb, valid_for interval DEFAULT '30 days')
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, intent, pg_temp
+AS $$
+DECLARE
+    r record;
+BEGIN
+    SELECT * INTO r FROM intent._certify_provider($1, $2, $3, $4);
+    IF r.err_code IS NOT NULL THEN
+        PERFORM intent._refuse(r.err_code, r.err_message, r.err_detail, r.err_hint);
+    END IF;
+    RETURN r.expires_at;
+END
+$$;
+COMMENT ON FUNCTION intent.certify_provider(text, text, jsonb, interval) IS
+    'Records that a provider passed a contract''s tests (evidence: inputs, pass/fail per case, settings), valid for valid_for (at most 366 days). Returns when it expires. Failover to the provider is allowed while it is current.';
+
+CREATE FUNCTION intent.revoke_certification(provider text, contract text, reason text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, intent, pg_temp
+AS $$
+DECLARE
+    r record;
+BEGIN
+    SELECT * INTO r FROM intent._revoke_certification($1, $2, $3);
+    IF r.err_code IS NOT NULL THEN
+        PERFORM intent._refuse(r.err_code, r.err_message, r.err_detail, r.err_hint);
+    END IF;
+    RETURN r.revoked;
+END
+$$;
+COMMENT ON FUNCTION intent.revoke_certification(text, text, text) IS
+    'Withdraws a provider''s current certification for a contract: new failovers to it are refused (IJ005). Attempts that already began on it may still complete; their results are validated like any other. false when there was no current certification.';
+
+CREATE FUNCTION intent.validate_result(contract text, result jsonb)
+RETURNS TABLE (valid boolean, errors jsonb)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, intent, pg_temp
+AS $$
+DECLARE
+    r record;
+BEGIN
+    SELECT * INTO r FROM intent._validate_result($1, $2);
+    IF r.err_code IS NOT NULL THEN
+        PERFORM intent._refuse(r.err_code, r.err_message, r.err_detail, r.err_hint);
+    END IF;
+    valid := r.valid;
+    errors := r.errors;
+    RETURN NEXT;
+END
+$$;
+COMMENT ON FUNCTION intent.validate_result(text, jsonb) IS
+    'Checks a result against a contract (schema, then checker) without writing anything: valid, and the errors as [{"path", "message"} | {"checker"}]. Used by the contract-test harness and by DBAs.';
+
+COMMENT ON FUNCTION intent._define_contract(text, jsonb, oid) IS 'Internal core of intent.define_contract.';
+COMMENT ON FUNCTION intent._certify_provider(text, text, jsonb, interval) IS 'Internal core of intent.certify_provider.';
+COMMENT ON FUNCTION intent._revoke_certification(text, text, text) IS 'Internal core of intent.revoke_certification.';
+COMMENT ON FUNCTION intent._validate_result(text, jsonb) IS 'Internal core of intent.validate_result.';
