@@ -1,1 +1,169 @@
-//! placeholder
+//! A thin, typed, async client for pg_intent: one durable job per intent, every retry and
+//! failover an attempt under it, exactly one winner — enforced inside PostgreSQL.
+//!
+//! This crate makes the safe path the easy one for Rust services: no SQL strings, no parsing of
+//! error messages.
+//!
+//! * **One function per SQL function**, typed end to end: [`submit_job`], [`begin_attempt`],
+//!   [`complete_attempt`], [`fail_attempt`], [`mark_unknown`], [`heartbeat`],
+//!   [`abandon_attempt`], [`cancel_job`], [`sweep`]. Ids are [`Uuid`]s, states are enums
+//!   ([`JobState`], [`AttemptState`], [`Completion`]), params and results are any
+//!   `Serialize` / `DeserializeOwned`. The fencing token is inside the [`Attempt`] handle that
+//!   [`begin_attempt`] returns, so a caller cannot present the wrong one.
+//! * **Errors by SQLSTATE**: [`Error`] has a variant per `IJ0xx` code and for bad input
+//!   (`22023`), with the DETAIL's facts as fields; other database errors and connection errors
+//!   are kept apart, with the SQLSTATE at [`Error::code`].
+//! * **Runs where you already are**: every call takes an [`Executor`] — a [`Connection`] (a
+//!   `tokio_postgres::Client` with its statement cache), its [`Transaction`] (submit a job in the
+//!   same transaction as the business write that needs it), a pooled `deadpool_postgres::Object`
+//!   or its transaction, or a bare client or transaction with a [`StatementCache`] beside it.
+//!   Statements are prepared once per connection (see [`exec`](crate::Executor)).
+//! * **The protocol, encoded**: [`Worker`] begins an attempt, heartbeats while the provider
+//!   works, marks the attempt unknown (never failed) when your timeout fires, reports with the
+//!   right version and stops when a heartbeat says so. [`Worker::run_failover`] tries the next
+//!   provider only when the gate allows and answers [`Failover::ReconcileFirst`] instead of
+//!   starting a second attempt while an outcome is unknown.
+//! * **Ids before the database**: [`job_id`] and [`attempt_id`] compute the SPEC's derived ids
+//!   (from [`pg_intent_id`]), so a load balancer or a log line can name a job first.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use pg_intent_client::{self as intent, Completion, Connection, NewJob, Run, Submitted, WorkError, Worker};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize)]
+//! struct Prompt<'a> { text: &'a str }
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Image { url: String }
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let (client, conn) = tokio_postgres::connect("host=localhost user=app dbname=app", tokio_postgres::NoTls).await?;
+//! tokio::spawn(conn);
+//! let mut db = Connection::new(client);
+//!
+//! // The API handler: the order and its job commit together, or not at all.
+//! let tx = db.transaction().await?;
+//! tx.execute("INSERT INTO orders (id) VALUES ($1)", &[&"order-1"]).await?;
+//! let prompt = Prompt { text: "a red fox" };
+//! let job: Submitted<Image> =
+//!     intent::submit_job(&tx, &NewJob::new("alice", "order-1", "gpu-a", &prompt)).await?;
+//! tx.commit().await?;
+//! if let Some(image) = job.result {
+//!     println!("already done: {}", image.url); // a replay of a finished intent
+//! }
+//!
+//! // The worker: heartbeats, timeout → unknown, the right version, all handled.
+//! let worker = Worker::new(&db, Duration::from_secs(60)).lease(Duration::from_secs(15));
+//! match worker
+//!     .run(job.job_id, None, |attempt| async move {
+//!         // call the provider with attempt.id() as its idempotency key …
+//!         Ok::<_, WorkError<String>>(Image { url: format!("s3://images/{}.png", attempt.id()) })
+//!     })
+//!     .await
+//! {
+//!     Ok(Run::Completed { completion: Completion::Won, .. }) => println!("done"),
+//!     Ok(Run::Unknown { attempt, .. }) => println!("{} timed out: reconcile it", attempt.id()),
+//!     Ok(other) => println!("{other:?}"),
+//!     Err(intent::Error::OutcomeUnknown { attempt_id, .. }) => {
+//!         println!("an earlier attempt {attempt_id:?} must be reconciled first")
+//!     }
+//!     Err(e) => return Err(e.into()),
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! See `examples/` for a submitting service, a worker and a reconciler.
+#![warn(missing_docs)]
+
+mod calls;
+mod error;
+mod exec;
+mod types;
+mod worker;
+
+pub use calls::{
+    MAX_REASON_CHARS, abandon_attempt, begin_attempt, cancel_job, complete_attempt, fail_attempt,
+    get_attempt, get_job, heartbeat, mark_unknown, submit_job, sweep, unknown_attempts,
+};
+pub use error::Error;
+pub use exec::{Cached, Call, Connection, Executor, StatementCache, Transaction};
+pub use types::{
+    Attempt, AttemptRecord, AttemptState, BeginOptions, Completion, DEFAULT_LEASE,
+    DEFAULT_MAX_ATTEMPTS, FingerprintField, JobRecord, JobState, NewJob, Submitted, UnknownLabel,
+};
+pub use worker::{Failover, Run, WorkError, Worker};
+
+pub use pg_intent_id;
+pub use pg_intent_id::{IdError, MAX_ATTEMPT_NO, MAX_NAME_CHARS};
+pub use uuid::Uuid;
+
+/// The job id of `(owner_id, idempotency_key)`, exactly as the database derives it.
+///
+/// ```
+/// let id = pg_intent_client::job_id("alice", "click-1").unwrap();
+/// assert_eq!(id.to_string(), "62ccd04c-f6e5-82dd-aeee-a9dac8090000");
+/// ```
+pub fn job_id(owner_id: &str, idempotency_key: &str) -> Result<Uuid, IdError> {
+    pg_intent_id::job_id(owner_id, idempotency_key).map(Uuid::from_bytes)
+}
+
+/// The id of attempt `attempt_no` (1–65535) of `job_id`.
+///
+/// ```
+/// let job = pg_intent_client::job_id("alice", "click-1").unwrap();
+/// let a1 = pg_intent_client::attempt_id(job, 1).unwrap();
+/// assert_eq!(a1.to_string(), "62ccd04c-f6e5-82dd-aeee-a9dac8090001");
+/// ```
+pub fn attempt_id(job_id: Uuid, attempt_no: u16) -> Result<Uuid, IdError> {
+    pg_intent_id::attempt_id(*job_id.as_bytes(), i64::from(attempt_no)).map(Uuid::from_bytes)
+}
+
+/// The job an attempt id belongs to.
+pub fn job_of(attempt_id: Uuid) -> Result<Uuid, IdError> {
+    pg_intent_id::job_of(*attempt_id.as_bytes()).map(Uuid::from_bytes)
+}
+
+/// The attempt number in an id (0 for a job id).
+pub fn attempt_no_of(id: Uuid) -> u16 {
+    pg_intent_id::attempt_no_of(*id.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The SPEC's test vectors, through the client's typed API.
+    #[test]
+    fn spec_vectors() {
+        let vectors = [
+            ("alice", "click-1", "62ccd04c-f6e5-82dd-aeee-a9dac8090000"),
+            ("bob", "click-1", "7f0bee31-33f4-8d37-a75f-6be579b60000"),
+            (
+                "tenant-42",
+                "order-2026-11-30-0001",
+                "7a4ffde0-bffb-854b-acd8-945a08ef0000",
+            ),
+            ("ö", "ключ", "3978066c-a3db-84e2-8d3c-9400b3c00000"),
+        ];
+        for (owner, key, want) in vectors {
+            assert_eq!(job_id(owner, key).unwrap().to_string(), want);
+            let job = NewJob::new(owner, key, "p", &());
+            assert_eq!(job.job_id().unwrap().to_string(), want);
+        }
+        let job = job_id("alice", "click-1").unwrap();
+        let a1 = attempt_id(job, 1).unwrap();
+        assert_eq!(a1.to_string(), "62ccd04c-f6e5-82dd-aeee-a9dac8090001");
+        assert_eq!(
+            attempt_id(job, 2).unwrap().to_string(),
+            "62ccd04c-f6e5-82dd-aeee-a9dac8090002"
+        );
+        assert_eq!(job_of(a1).unwrap(), job);
+        assert_eq!(attempt_no_of(a1), 1);
+        assert_eq!(attempt_no_of(job), 0);
+        assert_eq!(attempt_id(job, 0), Err(IdError::AttemptNo(0)));
+        assert_eq!(job_id("", "k"), Err(IdError::OwnerLength(0)));
+    }
+}

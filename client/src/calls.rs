@@ -1,0 +1,371 @@
+//! One function per SQL function of the SPEC, plus the table reads a reconciler needs.
+
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+use crate::error::{Context, Error};
+use crate::exec::{Call, Executor};
+use crate::types::{
+    Attempt, AttemptRecord, BeginOptions, Completion, IntervalArg, IntervalValue, JobRecord,
+    JobState, JsonArg, NewJob, RawJson, Submitted,
+};
+
+/// The longest `reason` the server accepts, in characters.
+pub const MAX_REASON_CHARS: usize = 1000;
+
+async fn query_one<E: Executor + ?Sized>(
+    db: &E,
+    call: Call,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    cx: Context<'_>,
+) -> Result<Row, Error> {
+    let stmt = db
+        .prepare_call(call)
+        .await
+        .map_err(|e| Error::from_pg(e, cx))?;
+    db.client()
+        .query_one(&stmt, params)
+        .await
+        .map_err(|e| Error::from_pg(e, cx))
+}
+
+fn get<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, idx: usize) -> Result<T, Error> {
+    row.try_get(idx)
+        .map_err(|source| Error::Connection { source })
+}
+
+/// A reason the server will take: `None` for an empty one, cut to [`MAX_REASON_CHARS`].
+fn reason(reason: Option<&str>) -> Option<&str> {
+    let r = reason.filter(|r| !r.is_empty())?;
+    Some(match r.char_indices().nth(MAX_REASON_CHARS) {
+        Some((cut, _)) => &r[..cut],
+        None => r,
+    })
+}
+
+/// `intent.submit_job`: one job per intent.
+///
+/// A new `(owner_id, idempotency_key)` creates the job (`created == true`); the same key with
+/// the same provider, params and contract returns the existing job and writes nothing; the same
+/// key with another fingerprint is [`Error::IdempotencyConflict`]. Run it with a
+/// [`crate::Transaction`] to create the job atomically with your own writes.
+///
+/// `R` is the type of the job's result, present once the job has succeeded.
+pub async fn submit_job<R: DeserializeOwned>(
+    db: &(impl Executor + ?Sized),
+    job: &NewJob<'_, impl Serialize + ?Sized>,
+) -> Result<Submitted<R>, Error> {
+    let params = JsonArg::new(job.params)?;
+    let max_attempts = i32::from(job.max_attempts);
+    let cx = Context::job(Uuid::from_bytes(pg_intent_id::job_id_unchecked(
+        job.owner_id,
+        job.idempotency_key,
+    )));
+    let row = query_one(
+        db,
+        Call::SubmitJob,
+        &[
+            &job.owner_id,
+            &job.idempotency_key,
+            &job.provider,
+            &params,
+            &job.contract,
+            &max_attempts,
+        ],
+        cx,
+    )
+    .await?;
+    Ok(Submitted {
+        job_id: get(&row, 0)?,
+        created: get(&row, 1)?,
+        state: get::<&str>(&row, 2)?.parse()?,
+        version: get(&row, 3)?,
+        result: get::<Option<RawJson>>(&row, 4)?
+            .map(|r| r.decode())
+            .transpose()?,
+    })
+}
+
+/// `intent.begin_attempt`: the gate. Hands out the attempt and its fencing token.
+///
+/// Refused with [`Error::AttemptInFlight`], [`Error::OutcomeUnknown`], [`Error::JobFinished`],
+/// [`Error::ProviderNotCertified`], [`Error::AttemptsExhausted`] or [`Error::NotFound`].
+pub async fn begin_attempt(
+    db: &(impl Executor + ?Sized),
+    job_id: Uuid,
+    options: BeginOptions<'_>,
+) -> Result<Attempt, Error> {
+    let lease = IntervalArg::new(options.lease);
+    let cx = Context {
+        provider: options.provider,
+        ..Context::job(job_id)
+    };
+    let row = query_one(
+        db,
+        Call::BeginAttempt,
+        &[&job_id, &options.provider, &lease, &options.worker],
+        cx,
+    )
+    .await?;
+    let attempt_no: i32 = get(&row, 1)?;
+    Ok(Attempt {
+        id: get(&row, 0)?,
+        attempt_no: u16::try_from(attempt_no).unwrap_or(0),
+        version: get(&row, 2)?,
+        deadline: get(&row, 3)?,
+        lease: options.lease,
+        provider: options.provider.map(str::to_string),
+    })
+}
+
+/// `intent.complete_attempt`: reports the attempt's result with its own fencing token.
+///
+/// [`Completion::Won`]: this result is the job's. [`Completion::Lost`]: the outcome was already
+/// decided; the result is kept on the attempt. [`Completion::Rejected`]: it broke the job's
+/// contract. Asking again returns the same answer.
+pub async fn complete_attempt(
+    db: &(impl Executor + ?Sized),
+    attempt: &Attempt,
+    result: &(impl Serialize + ?Sized),
+) -> Result<Completion, Error> {
+    let result = JsonArg::new(result)?;
+    let row = query_one(
+        db,
+        Call::CompleteAttempt,
+        &[&attempt.id, &attempt.version, &result],
+        Context::attempt(attempt.id),
+    )
+    .await?;
+    Ok(get::<&str>(&row, 0)?.parse()?)
+}
+
+/// `intent.fail_attempt`: a definite failure — the provider said that nothing happened.
+///
+/// Never report a timeout here: that is [`mark_unknown`]. Returns the job's state: `pending` if
+/// `retryable` and attempts remain, else `failed`.
+pub async fn fail_attempt(
+    db: &(impl Executor + ?Sized),
+    attempt: &Attempt,
+    error: &(impl Serialize + ?Sized),
+    retryable: bool,
+) -> Result<JobState, Error> {
+    let error = JsonArg::new(error)?;
+    let row = query_one(
+        db,
+        Call::FailAttempt,
+        &[&attempt.id, &attempt.version, &error, &retryable],
+        Context::attempt(attempt.id),
+    )
+    .await?;
+    Ok(get::<&str>(&row, 0)?.parse()?)
+}
+
+/// `intent.mark_unknown`: the caller's own timeout fired. A started attempt becomes `unknown`,
+/// and so does its job; no effect on an attempt that is not started.
+///
+/// A `reason` longer than [`MAX_REASON_CHARS`] is cut; an empty one is sent as NULL.
+pub async fn mark_unknown(
+    db: &(impl Executor + ?Sized),
+    attempt_id: Uuid,
+    why: Option<&str>,
+) -> Result<(), Error> {
+    query_one(
+        db,
+        Call::MarkUnknown,
+        &[&attempt_id, &reason(why)],
+        Context::attempt(attempt_id),
+    )
+    .await?;
+    Ok(())
+}
+
+/// `intent.heartbeat`: extends a started attempt's lease (by `extend`, or by its own lease).
+///
+/// `false` when the attempt is no longer started, its lease already ran out, or its job ended:
+/// stop the work.
+pub async fn heartbeat(
+    db: &(impl Executor + ?Sized),
+    attempt_id: Uuid,
+    extend: Option<Duration>,
+) -> Result<bool, Error> {
+    let extend = extend.map(IntervalArg::new);
+    let row = query_one(
+        db,
+        Call::Heartbeat,
+        &[&attempt_id, &extend],
+        Context::attempt(attempt_id),
+    )
+    .await?;
+    get(&row, 0)
+}
+
+/// `intent.abandon_attempt`: the out-of-band decision not to wait for a started or unknown
+/// attempt. The job returns to `pending`; if the attempt returns later, the compare-and-swap
+/// decides.
+///
+/// `reason` is required (1–1000 characters; a longer one is cut, an empty one is refused).
+pub async fn abandon_attempt(
+    db: &(impl Executor + ?Sized),
+    attempt_id: Uuid,
+    why: &str,
+) -> Result<(), Error> {
+    let why = if why.is_empty() {
+        Some(why)
+    } else {
+        reason(Some(why))
+    };
+    query_one(
+        db,
+        Call::AbandonAttempt,
+        &[&attempt_id, &why],
+        Context::attempt(attempt_id),
+    )
+    .await?;
+    Ok(())
+}
+
+/// `intent.cancel_job`: the owner withdraws the intent. `false` if the job had already finished.
+pub async fn cancel_job(
+    db: &(impl Executor + ?Sized),
+    job_id: Uuid,
+    why: Option<&str>,
+) -> Result<bool, Error> {
+    let row = query_one(
+        db,
+        Call::CancelJob,
+        &[&job_id, &reason(why)],
+        Context::job(job_id),
+    )
+    .await?;
+    get(&row, 0)
+}
+
+/// `intent.sweep`: persists started → unknown for every attempt past its deadline; returns how
+/// many.
+pub async fn sweep(db: &(impl Executor + ?Sized)) -> Result<u64, Error> {
+    let row = query_one(db, Call::Sweep, &[], Context::default()).await?;
+    let n: i64 = get(&row, 0)?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+fn decode_value(row: &Row, idx: usize) -> Result<Option<serde_json::Value>, Error> {
+    get::<Option<RawJson>>(row, idx)?
+        .map(|r| r.decode())
+        .transpose()
+}
+
+/// Reads a job's row from `intent.jobs` (needs `SELECT` on the table). `None` if there is none.
+pub async fn get_job(
+    db: &(impl Executor + ?Sized),
+    job_id: Uuid,
+) -> Result<Option<JobRecord>, Error> {
+    let cx = Context::job(job_id);
+    let stmt = db
+        .prepare_call(Call::GetJob)
+        .await
+        .map_err(|e| Error::from_pg(e, cx))?;
+    let Some(row) = db
+        .client()
+        .query_opt(&stmt, &[&job_id])
+        .await
+        .map_err(|e| Error::from_pg(e, cx))?
+    else {
+        return Ok(None);
+    };
+    Ok(Some(JobRecord {
+        id: get(&row, 0)?,
+        owner_id: get(&row, 1)?,
+        idempotency_key: get(&row, 2)?,
+        provider: get(&row, 3)?,
+        params: decode_value(&row, 4)?.unwrap_or_default(),
+        contract: get(&row, 5)?,
+        state: get::<&str>(&row, 6)?.parse()?,
+        version: get(&row, 7)?,
+        completed_by: get(&row, 8)?,
+        result: decode_value(&row, 9)?,
+        error: decode_value(&row, 10)?,
+        max_attempts: get(&row, 11)?,
+        attempt_count: get(&row, 12)?,
+        created_at: get(&row, 13)?,
+        updated_at: get(&row, 14)?,
+    }))
+}
+
+fn attempt_record(row: &Row) -> Result<AttemptRecord, Error> {
+    Ok(AttemptRecord {
+        id: get(row, 0)?,
+        job_id: get(row, 1)?,
+        attempt_no: get(row, 2)?,
+        provider: get(row, 3)?,
+        state: get::<&str>(row, 4)?.parse()?,
+        version_read: get(row, 5)?,
+        worker: get(row, 6)?,
+        lease: get::<IntervalValue>(row, 7)?.0,
+        started_at: get::<SystemTime>(row, 8)?,
+        deadline: get::<SystemTime>(row, 9)?,
+        finished_at: get(row, 10)?,
+        result: decode_value(row, 11)?,
+        error: decode_value(row, 12)?,
+    })
+}
+
+/// Reads an attempt's row from `intent.attempts` (needs `SELECT` on the table). `None` if there
+/// is none.
+pub async fn get_attempt(
+    db: &(impl Executor + ?Sized),
+    attempt_id: Uuid,
+) -> Result<Option<AttemptRecord>, Error> {
+    let cx = Context::attempt(attempt_id);
+    let stmt = db
+        .prepare_call(Call::GetAttempt)
+        .await
+        .map_err(|e| Error::from_pg(e, cx))?;
+    db.client()
+        .query_opt(&stmt, &[&attempt_id])
+        .await
+        .map_err(|e| Error::from_pg(e, cx))?
+        .as_ref()
+        .map(attempt_record)
+        .transpose()
+}
+
+/// The attempts whose outcome is `unknown`, oldest first, at most `limit` (needs `SELECT` on
+/// `intent.attempts`): the work list of a reconciler.
+///
+/// A started attempt past its deadline counts as unknown but is only persisted as such by
+/// [`sweep`] (or the next call that touches its job): call [`sweep`] first.
+pub async fn unknown_attempts(
+    db: &(impl Executor + ?Sized),
+    limit: u32,
+) -> Result<Vec<AttemptRecord>, Error> {
+    let cx = Context::default();
+    let stmt = db
+        .prepare_call(Call::UnknownAttempts)
+        .await
+        .map_err(|e| Error::from_pg(e, cx))?;
+    db.client()
+        .query(&stmt, &[&i64::from(limit)])
+        .await
+        .map_err(|e| Error::from_pg(e, cx))?
+        .iter()
+        .map(attempt_record)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reason;
+
+    #[test]
+    fn reasons_are_cut_to_what_the_server_takes() {
+        assert_eq!(reason(None), None);
+        assert_eq!(reason(Some("")), None);
+        assert_eq!(reason(Some("timeout")), Some("timeout"));
+        let long = "é".repeat(1500);
+        assert_eq!(reason(Some(&long)).unwrap().chars().count(), 1000);
+    }
+}

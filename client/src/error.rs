@@ -1,0 +1,342 @@
+//! Errors, by SQLSTATE.
+//!
+//! Every refusal of the SPEC has its own variant, chosen by the SQLSTATE alone. The facts of its
+//! DETAIL that a program acts on (which fields differ, which attempt blocks) are lifted into
+//! fields; what the server said stays reachable through [`Error::db_error`]. Errors the server
+//! raised for other reasons are [`Error::Database`]; errors where the server said nothing (I/O,
+//! a closed connection) are [`Error::Connection`].
+
+use tokio_postgres::error::{DbError, SqlState};
+use uuid::Uuid;
+
+use crate::types::{FingerprintField, JobState};
+
+/// What went wrong with a call.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// `IJ001` idempotency_conflict: the owner and key were already used for another intent
+    /// (HTTP 422).
+    #[error("IJ001 idempotency_conflict: {}", said(.source))]
+    IdempotencyConflict {
+        /// The job the key names.
+        job_id: Uuid,
+        /// The fields of the fingerprint that differ, as the DETAIL names them (empty when the
+        /// conflict is a job id shared by two keys).
+        fields: Vec<FingerprintField>,
+        /// What the server raised.
+        source: tokio_postgres::Error,
+    },
+
+    /// `IJ002` attempt_in_flight: an attempt is started and within its lease (HTTP 409).
+    #[error("IJ002 attempt_in_flight: {}", said(.source))]
+    AttemptInFlight {
+        /// The job.
+        job_id: Uuid,
+        /// The attempt in flight, as the DETAIL names it.
+        attempt_id: Option<Uuid>,
+        /// What the server raised.
+        source: tokio_postgres::Error,
+    },
+
+    /// `IJ003` outcome_unknown: an attempt's outcome is unknown; reconcile or abandon it before
+    /// another attempt may begin (HTTP 409).
+    #[error("IJ003 outcome_unknown: {}", said(.source))]
+    OutcomeUnknown {
+        /// The job.
+        job_id: Uuid,
+        /// The attempt whose outcome is unknown, as the DETAIL names it.
+        attempt_id: Option<Uuid>,
+        /// What the server raised.
+        source: tokio_postgres::Error,
+    },
+
+    /// `IJ004` job_finished: the job is succeeded, failed or cancelled (HTTP 409).
+    #[error("IJ004 job_finished: {}", said(.source))]
+    JobFinished {
+        /// The job.
+        job_id: Uuid,
+        /// Its terminal state, as the DETAIL names it.
+        state: Option<JobState>,
+        /// What the server raised.
+        source: tokio_postgres::Error,
+    },
+
+    /// `IJ005` provider_not_certified: failover to a provider without a current certification
+    /// for the job's contract (HTTP 422).
+    #[error("IJ005 provider_not_certified: {}", said(.source))]
+    ProviderNotCertified {
+        /// The job.
+        job_id: Uuid,
+        /// The provider asked for.
+        provider: Option<String>,
+        /// What the server raised.
+        source: tokio_postgres::Error,
+    },
+
+    /// `IJ006` attempts_exhausted: `max_attempts` attempts exist (HTTP 409).
+    #[error("IJ006 attempts_exhausted: {}", said(.source))]
+    AttemptsExhausted {
+        /// The job.
+        job_id: Uuid,
+        /// What the server raised.
+        source: tokio_postgres::Error,
+    },
+
+    /// `IJ007` not_found: no such job or attempt (HTTP 404).
+    #[error("IJ007 not_found: {}", said(.source))]
+    NotFound {
+        /// The id that names nothing.
+        id: Uuid,
+        /// What the server raised.
+        source: tokio_postgres::Error,
+    },
+
+    /// `22023` invalid_parameter_value: bad input (an empty or over-long name, a non-positive
+    /// lease, a version that is not the attempt's, …). Nothing was written (HTTP 400).
+    #[error("22023 invalid_parameter_value: {}", said(.source))]
+    InvalidInput {
+        /// What the server raised.
+        source: tokio_postgres::Error,
+    },
+
+    /// Any other error the server raised (a serialization failure `40001`, a missing privilege
+    /// `42501`, an aborted transaction `25P02`, …): see [`Error::code`].
+    #[error("database error {}: {}", code_of(.source), said(.source))]
+    Database {
+        /// What the server raised.
+        source: tokio_postgres::Error,
+    },
+
+    /// The server said nothing: the connection failed or closed, or a reply could not be read.
+    #[error("connection error: {source}")]
+    Connection {
+        /// The tokio-postgres error.
+        source: tokio_postgres::Error,
+    },
+
+    /// Params, a result or an error could not be serialized to JSON (nothing was sent).
+    #[error("could not serialize to JSON: {0}")]
+    Serialize(#[source] serde_json::Error),
+
+    /// A JSON document from the database does not deserialize into the type asked for.
+    #[error("could not deserialize JSON from the database: {0}")]
+    Deserialize(#[source] serde_json::Error),
+
+    /// The database answered with a label this client does not know (a newer extension).
+    #[error(transparent)]
+    UnknownLabel(#[from] crate::types::UnknownLabel),
+}
+
+fn said(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => match db.detail() {
+            Some(detail) => format!("{} ({detail})", db.message()),
+            None => db.message().to_string(),
+        },
+        None => e.to_string(),
+    }
+}
+
+fn code_of(e: &tokio_postgres::Error) -> &str {
+    e.code().map_or("?????", SqlState::code)
+}
+
+/// What a call knew about its target, to fill in the facts of a refusal.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Context<'a> {
+    /// The job the call is about.
+    pub job_id: Uuid,
+    /// The id the call was given (a job id or an attempt id).
+    pub id: Uuid,
+    /// The provider asked for.
+    pub provider: Option<&'a str>,
+}
+
+impl Context<'_> {
+    pub(crate) fn job(job_id: Uuid) -> Self {
+        Context {
+            job_id,
+            id: job_id,
+            provider: None,
+        }
+    }
+
+    pub(crate) fn attempt(attempt_id: Uuid) -> Self {
+        Context {
+            job_id: crate::job_of(attempt_id).unwrap_or(attempt_id),
+            id: attempt_id,
+            provider: None,
+        }
+    }
+}
+
+impl Error {
+    /// Classifies a tokio-postgres error by its SQLSTATE.
+    pub(crate) fn from_pg(source: tokio_postgres::Error, cx: Context<'_>) -> Error {
+        let Some(db) = source.as_db_error() else {
+            return Error::Connection { source };
+        };
+        let detail = db.detail().unwrap_or("");
+        match db.code().code() {
+            "IJ001" => Error::IdempotencyConflict {
+                job_id: cx.job_id,
+                fields: differing_fields(detail),
+                source,
+            },
+            "IJ002" => Error::AttemptInFlight {
+                job_id: cx.job_id,
+                attempt_id: first_uuid(detail),
+                source,
+            },
+            "IJ003" => Error::OutcomeUnknown {
+                job_id: cx.job_id,
+                attempt_id: first_uuid(detail),
+                source,
+            },
+            "IJ004" => Error::JobFinished {
+                job_id: cx.job_id,
+                state: terminal_state(detail),
+                source,
+            },
+            "IJ005" => Error::ProviderNotCertified {
+                job_id: cx.job_id,
+                provider: cx.provider.map(str::to_string),
+                source,
+            },
+            "IJ006" => Error::AttemptsExhausted {
+                job_id: cx.job_id,
+                source,
+            },
+            "IJ007" => Error::NotFound { id: cx.id, source },
+            "22023" => Error::InvalidInput { source },
+            _ => Error::Database { source },
+        }
+    }
+
+    /// The tokio-postgres error behind this one, if any.
+    pub fn pg_error(&self) -> Option<&tokio_postgres::Error> {
+        match self {
+            Error::IdempotencyConflict { source, .. }
+            | Error::AttemptInFlight { source, .. }
+            | Error::OutcomeUnknown { source, .. }
+            | Error::JobFinished { source, .. }
+            | Error::ProviderNotCertified { source, .. }
+            | Error::AttemptsExhausted { source, .. }
+            | Error::NotFound { source, .. }
+            | Error::InvalidInput { source }
+            | Error::Database { source }
+            | Error::Connection { source } => Some(source),
+            Error::Serialize(_) | Error::Deserialize(_) | Error::UnknownLabel(_) => None,
+        }
+    }
+
+    /// What the server raised: message, DETAIL, HINT and more. `None` when the server said
+    /// nothing.
+    pub fn db_error(&self) -> Option<&DbError> {
+        self.pg_error().and_then(tokio_postgres::Error::as_db_error)
+    }
+
+    /// The SQLSTATE the server raised (`"IJ001"`, `"22023"`, `"40001"`, …).
+    pub fn code(&self) -> Option<&str> {
+        self.db_error().map(|db| db.code().code())
+    }
+
+    /// The server's DETAIL.
+    pub fn detail(&self) -> Option<&str> {
+        self.db_error().and_then(DbError::detail)
+    }
+
+    /// The server's HINT: what to do next.
+    pub fn hint(&self) -> Option<&str> {
+        self.db_error().and_then(DbError::hint)
+    }
+
+    /// The HTTP status the SPEC pairs with the error, for services that pass it on: 422, 409,
+    /// 404 and 400 for the refusals, 503 for a connection error or a serialization failure
+    /// (retry), 500 otherwise.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            Error::IdempotencyConflict { .. } | Error::ProviderNotCertified { .. } => 422,
+            Error::AttemptInFlight { .. }
+            | Error::OutcomeUnknown { .. }
+            | Error::JobFinished { .. }
+            | Error::AttemptsExhausted { .. } => 409,
+            Error::NotFound { .. } => 404,
+            Error::InvalidInput { .. } | Error::Serialize(_) => 400,
+            Error::Connection { .. } => 503,
+            _ if self.is_retryable() => 503,
+            _ => 500,
+        }
+    }
+
+    /// A serialization failure (`40001`) or deadlock (`40P01`): retry the whole transaction.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self.code(), Some("40001" | "40P01"))
+    }
+}
+
+/// The fields named after "different" in an IJ001 DETAIL (`Job … exists with a different
+/// provider, params.`).
+fn differing_fields(detail: &str) -> Vec<FingerprintField> {
+    let Some(at) = detail.find("different") else {
+        return Vec::new();
+    };
+    let mut fields: Vec<FingerprintField> = detail[at..]
+        .split(|c: char| !c.is_ascii_alphabetic() && c != '_')
+        .filter_map(FingerprintField::from_word)
+        .collect();
+    fields.dedup();
+    fields
+}
+
+/// The first UUID written in a text.
+fn first_uuid(text: &str) -> Option<Uuid> {
+    let bytes = text.as_bytes();
+    (0..bytes.len().saturating_sub(35)).find_map(|i| {
+        let window = text.get(i..i + 36)?;
+        let standalone = i == 0 || !bytes[i - 1].is_ascii_hexdigit();
+        if standalone {
+            Uuid::try_parse(window).ok()
+        } else {
+            None
+        }
+    })
+}
+
+/// The first terminal job state named in a text.
+fn terminal_state(text: &str) -> Option<JobState> {
+    text.split(|c: char| !c.is_ascii_alphabetic())
+        .filter_map(|w| w.parse::<JobState>().ok())
+        .find(|s| s.is_terminal())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_facts_of_a_detail() {
+        assert_eq!(
+            differing_fields(
+                "Job 62ccd04c-f6e5-82dd-aeee-a9dac8090000 exists with a different provider, params."
+            ),
+            vec![FingerprintField::Provider, FingerprintField::Params]
+        );
+        assert_eq!(
+            differing_fields("Job x exists with a different contract."),
+            vec![FingerprintField::Contract]
+        );
+        assert!(differing_fields("Two different keys derived the same job id.").is_empty());
+        assert_eq!(
+            first_uuid("Attempt 62ccd04c-f6e5-82dd-aeee-a9dac8090001 (no. 1) is started").unwrap(),
+            Uuid::parse_str("62ccd04c-f6e5-82dd-aeee-a9dac8090001").unwrap()
+        );
+        assert_eq!(first_uuid("no id here"), None);
+        assert_eq!(
+            terminal_state("Job 62ccd04c-f6e5-82dd-aeee-a9dac8090000 is cancelled (version 2)."),
+            Some(JobState::Cancelled)
+        );
+        assert_eq!(terminal_state("Job x is pending."), None);
+    }
+}

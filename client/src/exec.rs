@@ -1,0 +1,487 @@
+//! Where the calls run: the [`Executor`] trait, and the per-connection statement cache.
+//!
+//! tokio-postgres caches nothing by itself, and a [`Statement`] is only valid on the connection
+//! that prepared it. So the cache has to live *with the connection*, and this module offers it
+//! in the shapes callers already have:
+//!
+//! | you hold | pass | statements live in |
+//! |---|---|---|
+//! | a [`tokio_postgres::Client`] | wrap it once: [`Connection::new`] | the [`Connection`] |
+//! | a transaction on it | [`Connection::transaction`] → [`Transaction`] | its [`Connection`] |
+//! | a pooled `deadpool_postgres::Object` (feature `deadpool`) | the object, or its transaction | deadpool's own per-connection cache |
+//! | a bare client or transaction you cannot wrap | [`StatementCache::on`] | a [`StatementCache`] you keep beside that connection |
+//!
+//! Every statement is prepared the first time it is needed on a connection and reused for the
+//! connection's lifetime. Preparing is not transactional in PostgreSQL, so a statement prepared
+//! inside a transaction that rolls back stays usable.
+
+use std::future::Future;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
+use tokio::sync::OnceCell;
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, IsolationLevel, Statement};
+
+/// One of the SQL statements this crate runs: one per SPEC function, plus the table reads of the
+/// reconciler helpers.
+///
+/// Exposed so that [`Executor`] can be implemented for other connection types (another pool, a
+/// wrapper of your own): prepare [`Call::sql`] with [`Call::param_types`] once per connection and
+/// hand the same [`Statement`] back every time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Call {
+    /// `intent.submit_job`.
+    SubmitJob,
+    /// `intent.begin_attempt`.
+    BeginAttempt,
+    /// `intent.complete_attempt`.
+    CompleteAttempt,
+    /// `intent.fail_attempt`.
+    FailAttempt,
+    /// `intent.mark_unknown`.
+    MarkUnknown,
+    /// `intent.heartbeat`.
+    Heartbeat,
+    /// `intent.abandon_attempt`.
+    AbandonAttempt,
+    /// `intent.cancel_job`.
+    CancelJob,
+    /// `intent.sweep`.
+    Sweep,
+    /// Reads one row of `intent.jobs`.
+    GetJob,
+    /// Reads one row of `intent.attempts`.
+    GetAttempt,
+    /// Reads the `unknown` rows of `intent.attempts`, oldest first.
+    UnknownAttempts,
+}
+
+/// The start of the `intent.attempts` reads: the columns [`crate::AttemptRecord`] is read from.
+macro_rules! select_attempts {
+    () => {
+        "SELECT id, job_id, attempt_no, provider, state::text, version_read, worker, lease, \
+         started_at, deadline, finished_at, result, error FROM intent.attempts "
+    };
+}
+
+impl Call {
+    /// Every call, in the order of their cache slots.
+    pub const ALL: [Call; 12] = [
+        Call::SubmitJob,
+        Call::BeginAttempt,
+        Call::CompleteAttempt,
+        Call::FailAttempt,
+        Call::MarkUnknown,
+        Call::Heartbeat,
+        Call::AbandonAttempt,
+        Call::CancelJob,
+        Call::Sweep,
+        Call::GetJob,
+        Call::GetAttempt,
+        Call::UnknownAttempts,
+    ];
+
+    /// The SQL text. Enum results are cast to `text` so that preparing needs no look-up of the
+    /// extension's types.
+    pub fn sql(self) -> &'static str {
+        match self {
+            Call::SubmitJob => {
+                "SELECT job_id, created, state::text, version, result \
+                 FROM intent.submit_job($1, $2, $3, $4, $5, $6)"
+            }
+            Call::BeginAttempt => {
+                "SELECT attempt_id, attempt_no, version, deadline \
+                 FROM intent.begin_attempt($1, $2, $3, $4)"
+            }
+            Call::CompleteAttempt => "SELECT intent.complete_attempt($1, $2, $3)::text",
+            Call::FailAttempt => "SELECT intent.fail_attempt($1, $2, $3, $4)::text",
+            Call::MarkUnknown => "SELECT intent.mark_unknown($1, $2)",
+            Call::Heartbeat => "SELECT intent.heartbeat($1, $2)",
+            Call::AbandonAttempt => "SELECT intent.abandon_attempt($1, $2)",
+            Call::CancelJob => "SELECT intent.cancel_job($1, $2)",
+            Call::Sweep => "SELECT intent.sweep()",
+            Call::GetJob => {
+                "SELECT id, owner_id, idempotency_key, provider, params, contract, state::text, \
+                 version, completed_by, result, error, max_attempts, attempt_count, created_at, \
+                 updated_at FROM intent.jobs WHERE id = $1"
+            }
+            Call::GetAttempt => concat!(select_attempts!(), "WHERE id = $1"),
+            Call::UnknownAttempts => concat!(
+                select_attempts!(),
+                "WHERE state = 'unknown' ORDER BY started_at, id LIMIT $1"
+            ),
+        }
+    }
+
+    /// The parameter types the statement is prepared with (so no parameter is left to inference).
+    pub fn param_types(self) -> &'static [Type] {
+        match self {
+            Call::SubmitJob => &[
+                Type::TEXT,
+                Type::TEXT,
+                Type::TEXT,
+                Type::JSONB,
+                Type::TEXT,
+                Type::INT4,
+            ],
+            Call::BeginAttempt => &[Type::UUID, Type::TEXT, Type::INTERVAL, Type::TEXT],
+            Call::CompleteAttempt => &[Type::UUID, Type::INT8, Type::JSONB],
+            Call::FailAttempt => &[Type::UUID, Type::INT8, Type::JSONB, Type::BOOL],
+            Call::MarkUnknown | Call::AbandonAttempt | Call::CancelJob => &[Type::UUID, Type::TEXT],
+            Call::Heartbeat => &[Type::UUID, Type::INTERVAL],
+            Call::Sweep => &[],
+            Call::GetJob | Call::GetAttempt => &[Type::UUID],
+            Call::UnknownAttempts => &[Type::INT8],
+        }
+    }
+
+    fn slot(self) -> usize {
+        self as usize
+    }
+}
+
+/// Anything that can run pg_intent's calls: it names the [`Client`] (the connection) to run on,
+/// and prepares each [`Call`] at most once per connection.
+///
+/// Implemented for [`Connection`], [`Transaction`], [`Cached`] and, with the `deadpool` feature,
+/// for `deadpool_postgres::Object`, `deadpool_postgres::ClientWrapper` and
+/// `deadpool_postgres::Transaction`; also for `&E` and `Arc<E>` of any of them.
+///
+/// A query run on [`Executor::client`] of a transaction runs inside that transaction: a
+/// tokio-postgres transaction is state of the connection, not a separate channel.
+pub trait Executor: Send + Sync {
+    /// The client whose connection runs the query.
+    fn client(&self) -> &Client;
+
+    /// The prepared statement for `call` on this connection, prepared on first use only.
+    fn prepare_call(
+        &self,
+        call: Call,
+    ) -> impl Future<Output = Result<Statement, tokio_postgres::Error>> + Send;
+}
+
+impl<E: Executor + ?Sized> Executor for &E {
+    fn client(&self) -> &Client {
+        (**self).client()
+    }
+
+    fn prepare_call(
+        &self,
+        call: Call,
+    ) -> impl Future<Output = Result<Statement, tokio_postgres::Error>> + Send {
+        (**self).prepare_call(call)
+    }
+}
+
+impl<E: Executor + ?Sized> Executor for Arc<E> {
+    fn client(&self) -> &Client {
+        (**self).client()
+    }
+
+    fn prepare_call(
+        &self,
+        call: Call,
+    ) -> impl Future<Output = Result<Statement, tokio_postgres::Error>> + Send {
+        (**self).prepare_call(call)
+    }
+}
+
+/// The prepared statements of one connection: one lazily filled slot per [`Call`].
+///
+/// It must only ever be used with the connection it was first used with. [`Connection`] keeps
+/// its own; a standalone one is for [`StatementCache::on`]. Used with another connection by
+/// mistake, a call fails with SQLSTATE `26000` (`prepared statement "sN" does not exist`, as
+/// tokio-postgres names statements uniquely within a process): it never runs another statement.
+#[derive(Debug, Default)]
+pub struct StatementCache {
+    slots: [OnceCell<Statement>; Call::ALL.len()],
+}
+
+impl StatementCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The statement for `call`, preparing it on `client` the first time. Concurrent first uses
+    /// share one preparation.
+    pub async fn get(
+        &self,
+        client: &Client,
+        call: Call,
+    ) -> Result<Statement, tokio_postgres::Error> {
+        self.slots[call.slot()]
+            .get_or_try_init(|| client.prepare_typed(call.sql(), call.param_types()))
+            .await
+            .cloned()
+    }
+
+    /// How many statements are prepared.
+    pub fn len(&self) -> usize {
+        self.slots.iter().filter(|s| s.initialized()).count()
+    }
+
+    /// Whether no statement is prepared yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Pairs this cache with a bare tokio-postgres [`Client`] or [`tokio_postgres::Transaction`]
+    /// of the connection it belongs to.
+    pub fn on<'a, C>(&'a self, conn: &'a C) -> Cached<'a, C>
+    where
+        C: tokio_postgres::GenericClient + Sync,
+    {
+        Cached { conn, cache: self }
+    }
+}
+
+/// A bare tokio-postgres client or transaction paired with the [`StatementCache`] of its
+/// connection (see [`StatementCache::on`]).
+#[derive(Debug)]
+pub struct Cached<'a, C> {
+    conn: &'a C,
+    cache: &'a StatementCache,
+}
+
+impl<C> Clone for Cached<'_, C> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<C> Copy for Cached<'_, C> {}
+
+impl<C: tokio_postgres::GenericClient + Sync> Executor for Cached<'_, C> {
+    fn client(&self) -> &Client {
+        self.conn.client()
+    }
+
+    async fn prepare_call(&self, call: Call) -> Result<Statement, tokio_postgres::Error> {
+        self.cache.get(self.conn.client(), call).await
+    }
+}
+
+/// A [`tokio_postgres::Client`] together with the statement cache of its connection.
+///
+/// Dereferences to the client, so everything else you do with it stays as it was.
+///
+/// ```no_run
+/// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+/// let (client, conn) = tokio_postgres::connect("host=localhost user=app", tokio_postgres::NoTls).await?;
+/// tokio::spawn(conn);
+/// let db = pg_intent_client::Connection::new(client);
+/// let swept = pg_intent_client::sweep(&db).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Connection {
+    client: Client,
+    cache: StatementCache,
+}
+
+impl Connection {
+    /// Wraps a client; nothing is prepared until the first call.
+    pub fn new(client: Client) -> Self {
+        Connection {
+            client,
+            cache: StatementCache::new(),
+        }
+    }
+
+    /// The client back, dropping its prepared statements.
+    pub fn into_inner(self) -> Client {
+        self.client
+    }
+
+    /// The statement cache of this connection.
+    pub fn statements(&self) -> &StatementCache {
+        &self.cache
+    }
+
+    /// Begins a transaction (`BEGIN`) that shares this connection's statements.
+    ///
+    /// Calls made with it run inside it: a job submitted there becomes visible only when the
+    /// transaction commits, together with the business write that needs it.
+    pub async fn transaction(&mut self) -> Result<Transaction<'_>, tokio_postgres::Error> {
+        Ok(Transaction {
+            tx: self.client.transaction().await?,
+            cache: &self.cache,
+        })
+    }
+
+    /// Begins a transaction with an isolation level (see the SPEC: under `REPEATABLE READ` or
+    /// `SERIALIZABLE` a concurrent change may surface as `40001`; retry the transaction).
+    pub async fn transaction_with(
+        &mut self,
+        isolation: IsolationLevel,
+    ) -> Result<Transaction<'_>, tokio_postgres::Error> {
+        Ok(Transaction {
+            tx: self
+                .client
+                .build_transaction()
+                .isolation_level(isolation)
+                .start()
+                .await?,
+            cache: &self.cache,
+        })
+    }
+}
+
+impl From<Client> for Connection {
+    fn from(client: Client) -> Self {
+        Connection::new(client)
+    }
+}
+
+impl Deref for Connection {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl DerefMut for Connection {
+    fn deref_mut(&mut self) -> &mut Client {
+        &mut self.client
+    }
+}
+
+impl Executor for Connection {
+    fn client(&self) -> &Client {
+        &self.client
+    }
+
+    async fn prepare_call(&self, call: Call) -> Result<Statement, tokio_postgres::Error> {
+        self.cache.get(&self.client, call).await
+    }
+}
+
+/// A [`tokio_postgres::Transaction`] of a [`Connection`], sharing its statements.
+///
+/// Dereferences to the tokio-postgres transaction for your own queries. Dropped without
+/// [`Transaction::commit`], it rolls back.
+pub struct Transaction<'a> {
+    tx: tokio_postgres::Transaction<'a>,
+    cache: &'a StatementCache,
+}
+
+impl std::fmt::Debug for Transaction<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transaction").finish_non_exhaustive()
+    }
+}
+
+impl<'a> Transaction<'a> {
+    /// Commits the transaction.
+    pub async fn commit(self) -> Result<(), tokio_postgres::Error> {
+        self.tx.commit().await
+    }
+
+    /// Rolls the transaction back.
+    pub async fn rollback(self) -> Result<(), tokio_postgres::Error> {
+        self.tx.rollback().await
+    }
+
+    /// A nested transaction (a savepoint) sharing the same statements.
+    pub async fn transaction(&mut self) -> Result<Transaction<'_>, tokio_postgres::Error> {
+        Ok(Transaction {
+            tx: self.tx.transaction().await?,
+            cache: self.cache,
+        })
+    }
+
+    /// The tokio-postgres transaction.
+    pub fn into_inner(self) -> tokio_postgres::Transaction<'a> {
+        self.tx
+    }
+}
+
+impl<'a> Deref for Transaction<'a> {
+    type Target = tokio_postgres::Transaction<'a>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.tx
+    }
+}
+
+impl DerefMut for Transaction<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.tx
+    }
+}
+
+impl Executor for Transaction<'_> {
+    fn client(&self) -> &Client {
+        self.tx.client()
+    }
+
+    async fn prepare_call(&self, call: Call) -> Result<Statement, tokio_postgres::Error> {
+        self.cache.get(self.tx.client(), call).await
+    }
+}
+
+#[cfg(feature = "deadpool")]
+mod pooled {
+    //! deadpool-postgres keeps a statement cache in every pooled connection; use it.
+
+    use super::{Call, Executor};
+    use tokio_postgres::{Client, Statement};
+
+    impl Executor for deadpool_postgres::ClientWrapper {
+        fn client(&self) -> &Client {
+            self
+        }
+
+        async fn prepare_call(&self, call: Call) -> Result<Statement, tokio_postgres::Error> {
+            self.prepare_typed_cached(call.sql(), call.param_types())
+                .await
+        }
+    }
+
+    impl Executor for deadpool_postgres::Object {
+        fn client(&self) -> &Client {
+            self
+        }
+
+        async fn prepare_call(&self, call: Call) -> Result<Statement, tokio_postgres::Error> {
+            self.prepare_typed_cached(call.sql(), call.param_types())
+                .await
+        }
+    }
+
+    impl Executor for deadpool_postgres::Transaction<'_> {
+        fn client(&self) -> &Client {
+            (**self).client()
+        }
+
+        async fn prepare_call(&self, call: Call) -> Result<Statement, tokio_postgres::Error> {
+            self.prepare_typed_cached(call.sql(), call.param_types())
+                .await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_call_has_a_slot_and_its_params() {
+        for (i, call) in Call::ALL.iter().enumerate() {
+            assert_eq!(call.slot(), i);
+            let placeholders = (1..=call.param_types().len())
+                .filter(|n| call.sql().contains(&format!("${n}")))
+                .count();
+            assert_eq!(placeholders, call.param_types().len(), "{call:?}");
+            assert!(
+                !call
+                    .sql()
+                    .contains(&format!("${}", call.param_types().len() + 1))
+            );
+        }
+    }
+}

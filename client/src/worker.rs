@@ -1,0 +1,458 @@
+//! The protocol for workers, encoded once: begin, heartbeat while the provider works, time out
+//! into `unknown` (never `failed`), report with the attempt's own version, stop when told to.
+
+use std::future::Future;
+use std::time::Duration;
+
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::calls::{begin_attempt, complete_attempt, fail_attempt, heartbeat, mark_unknown};
+use crate::error::Error;
+use crate::exec::Executor;
+use crate::types::{Attempt, BeginOptions, Completion, DEFAULT_LEASE, JobState};
+
+/// How the work of an attempt can end other than with a result.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WorkError<E> {
+    /// A definite failure: the provider said that nothing happened (an HTTP 4xx before any work,
+    /// a refusal). Reported with `fail_attempt`.
+    Failed {
+        /// What the provider said, stored as `jsonb`.
+        error: E,
+        /// Whether another attempt may follow (the job returns to `pending`).
+        retryable: bool,
+    },
+    /// The outcome cannot be known (the connection dropped after the request was sent, the
+    /// provider answered 5xx mid-job…): the provider may still be working. Reported with
+    /// `mark_unknown`, exactly like a timeout.
+    Unknown {
+        /// Why, for `intent.events`.
+        reason: String,
+    },
+}
+
+impl<E> WorkError<E> {
+    /// A definite failure after which another attempt may follow.
+    pub fn retryable(error: E) -> Self {
+        WorkError::Failed {
+            error,
+            retryable: true,
+        }
+    }
+
+    /// A definite failure that ends the job.
+    pub fn permanent(error: E) -> Self {
+        WorkError::Failed {
+            error,
+            retryable: false,
+        }
+    }
+
+    /// An outcome that cannot be known.
+    pub fn unknown(reason: impl Into<String>) -> Self {
+        WorkError::Unknown {
+            reason: reason.into(),
+        }
+    }
+}
+
+/// How one attempt run by [`Worker::run`] ended. Every variant has been reported to the
+/// database before it is returned.
+#[derive(Debug, Clone, PartialEq)]
+#[must_use]
+pub enum Run<T, E> {
+    /// The work produced a result and `complete_attempt` answered.
+    Completed {
+        /// The attempt.
+        attempt: Attempt,
+        /// `Won`: the result is the job's. `Lost`: another outcome stood first (read the job for
+        /// it). `Rejected`: it broke the contract.
+        completion: Completion,
+        /// The result the work produced.
+        result: T,
+    },
+    /// The work reported a definite failure and `fail_attempt` answered.
+    Failed {
+        /// The attempt.
+        attempt: Attempt,
+        /// The failure the work reported.
+        error: E,
+        /// Whether it was reported as retryable.
+        retryable: bool,
+        /// The job's state after it: `pending` when another attempt may begin.
+        job_state: JobState,
+    },
+    /// The caller's timeout fired (or the work said the outcome is unknown): the attempt was
+    /// marked `unknown`, never `failed`. No attempt may begin until it is reconciled:
+    /// completed or failed from what the provider did, or abandoned.
+    Unknown {
+        /// The attempt.
+        attempt: Attempt,
+        /// The reason recorded.
+        reason: String,
+    },
+    /// A heartbeat said the attempt is no longer started (abandoned, its job cancelled or
+    /// finished, or its lease lapsed): the work was stopped and nothing was reported.
+    Stopped {
+        /// The attempt.
+        attempt: Attempt,
+    },
+}
+
+/// The answer of [`Worker::run_failover`].
+#[derive(Debug, Clone, PartialEq)]
+#[must_use]
+pub enum Failover<T, E> {
+    /// An attempt produced a result and `complete_attempt` answered.
+    Completed {
+        /// The attempt (see [`Attempt::provider`]).
+        attempt: Attempt,
+        /// The answer of the compare-and-swap.
+        completion: Completion,
+        /// The result the work produced.
+        result: T,
+    },
+    /// A definite failure ended the job (not retryable, or no attempt left).
+    Failed {
+        /// The last attempt.
+        attempt: Attempt,
+        /// Its failure.
+        error: E,
+        /// The job's state (`failed`).
+        job_state: JobState,
+    },
+    /// Outcome unknown, reconcile first: an attempt (this run's, after its timeout, or an
+    /// earlier one) may still be working. No further attempt was begun, on any provider.
+    ReconcileFirst {
+        /// The attempt whose outcome is unknown (when known).
+        attempt_id: Option<Uuid>,
+        /// Why it is unknown, when this run marked it so.
+        reason: Option<String>,
+    },
+    /// Another attempt is started and within its lease: wait for it.
+    InFlight {
+        /// The attempt in flight (when known).
+        attempt_id: Option<Uuid>,
+    },
+    /// A heartbeat said the attempt is no longer started; the work was stopped.
+    Stopped {
+        /// The attempt.
+        attempt: Attempt,
+    },
+    /// The job had already finished when an attempt was to begin.
+    JobFinished {
+        /// Its terminal state (when known).
+        state: Option<JobState>,
+    },
+    /// No provider is left: each failed definitely (and retryably), was not certified for the
+    /// job's contract, or the job has used all its attempts.
+    Exhausted {
+        /// The definite failures, by provider, in order.
+        failures: Vec<(String, E)>,
+        /// The providers the gate refused as not certified.
+        not_certified: Vec<String>,
+        /// Whether `max_attempts` was reached.
+        attempts_exhausted: bool,
+    },
+}
+
+/// Runs attempts by the protocol.
+///
+/// Give it a connection that is *not* inside a transaction: heartbeats must commit to extend
+/// the lease. Its calls run on that one connection, concurrently with nothing but the worker's
+/// own heartbeats.
+///
+/// ```no_run
+/// # async fn f(db: &pg_intent_client::Connection, job_id: uuid::Uuid) -> Result<(), pg_intent_client::Error> {
+/// use std::time::Duration;
+/// use pg_intent_client::{Run, WorkError, Worker};
+///
+/// let worker = Worker::new(db, Duration::from_secs(120)).lease(Duration::from_secs(30)).name("gpu-box-7");
+/// let run = worker
+///     .run(job_id, None, |attempt| async move {
+///         // Call the provider here, passing attempt.id() as its idempotency key.
+///         Ok::<_, WorkError<String>>(serde_json::json!({"url": "s3://bucket/fox.png"}))
+///     })
+///     .await?;
+/// match run {
+///     Run::Completed { completion, .. } => println!("{completion}"),
+///     Run::Failed { job_state, .. } => println!("failed; job is {job_state}"),
+///     Run::Unknown { attempt, .. } => println!("{} needs reconciling", attempt.id()),
+///     Run::Stopped { .. } => println!("told to stop"),
+/// }
+/// # Ok(()) }
+/// ```
+pub struct Worker<'a, D: ?Sized> {
+    db: &'a D,
+    timeout: Duration,
+    lease: Duration,
+    heartbeat_every: Option<Duration>,
+    name: Option<String>,
+}
+
+impl<D: ?Sized> Clone for Worker<'_, D> {
+    fn clone(&self) -> Self {
+        Worker {
+            db: self.db,
+            timeout: self.timeout,
+            lease: self.lease,
+            heartbeat_every: self.heartbeat_every,
+            name: self.name.clone(),
+        }
+    }
+}
+
+impl<D: ?Sized> std::fmt::Debug for Worker<'_, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("timeout", &self.timeout)
+            .field("lease", &self.lease)
+            .field("heartbeat_every", &self.heartbeat_every)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+enum Ended<T, E> {
+    Work(Result<T, WorkError<E>>),
+    Stop(Result<(), Error>),
+    Timeout,
+}
+
+impl<'a, D: Executor + ?Sized> Worker<'a, D> {
+    /// A worker on `db` whose provider calls time out after `timeout` (the caller's own
+    /// timeout: when it fires the attempt becomes `unknown`). Lease: 30 seconds; heartbeats
+    /// every third of the lease.
+    pub fn new(db: &'a D, timeout: Duration) -> Self {
+        Worker {
+            db,
+            timeout,
+            lease: DEFAULT_LEASE,
+            heartbeat_every: None,
+            name: None,
+        }
+    }
+
+    /// Sets the lease of each attempt (heartbeats extend it by as much).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets how often to heartbeat (default: a third of the lease). Keep it well below the
+    /// lease.
+    pub fn heartbeat_every(mut self, every: Duration) -> Self {
+        self.heartbeat_every = Some(every);
+        self
+    }
+
+    /// Names the worker in `intent.attempts`.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The interval between heartbeats.
+    pub fn heartbeat_interval(&self) -> Duration {
+        self.heartbeat_every
+            .unwrap_or(self.lease / 3)
+            .max(Duration::from_millis(1))
+    }
+
+    /// Begins an attempt of `job_id` (on `provider`, `None` for the job's own) and runs `work`
+    /// for it: heartbeats while it runs, marks it `unknown` when the timeout fires first, stops
+    /// it when a heartbeat says so, and reports its result or failure with the attempt's own
+    /// version.
+    ///
+    /// A refusal of the gate (in flight, unknown, finished, …) is returned as the [`Error`]
+    /// before any work starts. The work is dropped — stopped — when the timeout fires or a
+    /// heartbeat answers `false`; give the provider [`Attempt::id`] as its idempotency key so
+    /// that a reconciler can ask it later what happened.
+    pub async fn run<T, E, F, Fut>(
+        &self,
+        job_id: Uuid,
+        provider: Option<&str>,
+        work: F,
+    ) -> Result<Run<T, E>, Error>
+    where
+        T: Serialize,
+        E: Serialize,
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, WorkError<E>>>,
+    {
+        let attempt = begin_attempt(self.db, job_id, self.options(provider)).await?;
+        self.drive(attempt, work).await
+    }
+
+    fn options<'o>(&'o self, provider: Option<&'o str>) -> BeginOptions<'o> {
+        BeginOptions {
+            provider,
+            lease: self.lease,
+            worker: self.name.as_deref(),
+        }
+    }
+
+    /// Runs `work` for a begun attempt (see [`Worker::run`]).
+    pub async fn drive<T, E, F, Fut>(&self, attempt: Attempt, work: F) -> Result<Run<T, E>, Error>
+    where
+        T: Serialize,
+        E: Serialize,
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, WorkError<E>>>,
+    {
+        let ended = {
+            let work = work(attempt.clone());
+            let keep_alive = self.keep_alive(attempt.id());
+            let timer = tokio::time::sleep(self.timeout);
+            tokio::pin!(work, keep_alive, timer);
+            tokio::select! {
+                // A result that is in hand is reported, even if the timer fired as well.
+                biased;
+                r = &mut work => Ended::Work(r),
+                stop = &mut keep_alive => Ended::Stop(stop),
+                () = &mut timer => Ended::Timeout,
+            }
+            // The work future is dropped here: whatever it was doing stops.
+        };
+        match ended {
+            Ended::Work(Ok(result)) => {
+                let completion = complete_attempt(self.db, &attempt, &result).await?;
+                Ok(Run::Completed {
+                    attempt,
+                    completion,
+                    result,
+                })
+            }
+            Ended::Work(Err(WorkError::Failed { error, retryable })) => {
+                let job_state = fail_attempt(self.db, &attempt, &error, retryable).await?;
+                Ok(Run::Failed {
+                    attempt,
+                    error,
+                    retryable,
+                    job_state,
+                })
+            }
+            Ended::Work(Err(WorkError::Unknown { reason })) => {
+                mark_unknown(self.db, attempt.id(), Some(&reason)).await?;
+                Ok(Run::Unknown { attempt, reason })
+            }
+            Ended::Timeout => {
+                let reason = format!("the caller's timeout of {:?} fired", self.timeout);
+                mark_unknown(self.db, attempt.id(), Some(&reason)).await?;
+                Ok(Run::Unknown { attempt, reason })
+            }
+            Ended::Stop(Ok(())) => Ok(Run::Stopped { attempt }),
+            Ended::Stop(Err(e)) => Err(e),
+        }
+    }
+
+    /// Heartbeats until one answers `false` (then `Ok`) or the server refuses one (then `Err`).
+    /// A connection error is not an answer: the next beat tries again, and the deadline rule
+    /// covers a worker that never gets through.
+    async fn keep_alive(&self, attempt_id: Uuid) -> Result<(), Error> {
+        let every = self.heartbeat_interval();
+        loop {
+            tokio::time::sleep(every).await;
+            match heartbeat(self.db, attempt_id, None).await {
+                Ok(true) | Err(Error::Connection { .. }) => {}
+                Ok(false) => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Runs the job on the first provider, and on the next one only when the gate allows: after
+    /// a definite, retryable failure, or when the gate refuses a provider as not certified.
+    ///
+    /// An unknown outcome — this run's timeout, or an earlier attempt's — is answered as
+    /// [`Failover::ReconcileFirst`], and no second attempt is begun: the first provider may still
+    /// be doing the work. Failing over to a provider other than the job's own needs the job to
+    /// name a contract the provider is certified for.
+    pub async fn run_failover<T, E, F, Fut>(
+        &self,
+        job_id: Uuid,
+        providers: &[&str],
+        mut work: F,
+    ) -> Result<Failover<T, E>, Error>
+    where
+        T: Serialize,
+        E: Serialize,
+        F: FnMut(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, WorkError<E>>>,
+    {
+        let mut failures = Vec::new();
+        let mut not_certified = Vec::new();
+        for &provider in providers {
+            let attempt = match begin_attempt(self.db, job_id, self.options(Some(provider))).await {
+                Ok(attempt) => attempt,
+                Err(Error::ProviderNotCertified { .. }) => {
+                    not_certified.push(provider.to_string());
+                    continue;
+                }
+                Err(Error::OutcomeUnknown { attempt_id, .. }) => {
+                    return Ok(Failover::ReconcileFirst {
+                        attempt_id,
+                        reason: None,
+                    });
+                }
+                Err(Error::AttemptInFlight { attempt_id, .. }) => {
+                    return Ok(Failover::InFlight { attempt_id });
+                }
+                Err(Error::JobFinished { state, .. }) => {
+                    return Ok(Failover::JobFinished { state });
+                }
+                Err(Error::AttemptsExhausted { .. }) => {
+                    return Ok(Failover::Exhausted {
+                        failures,
+                        not_certified,
+                        attempts_exhausted: true,
+                    });
+                }
+                Err(e) => return Err(e),
+            };
+            match self.drive(attempt, &mut work).await? {
+                Run::Completed {
+                    attempt,
+                    completion,
+                    result,
+                } => {
+                    return Ok(Failover::Completed {
+                        attempt,
+                        completion,
+                        result,
+                    });
+                }
+                Run::Failed {
+                    error, job_state, ..
+                } if job_state == JobState::Pending => {
+                    failures.push((provider.to_string(), error));
+                }
+                Run::Failed {
+                    attempt,
+                    error,
+                    job_state,
+                    ..
+                } => {
+                    return Ok(Failover::Failed {
+                        attempt,
+                        error,
+                        job_state,
+                    });
+                }
+                Run::Unknown { attempt, reason } => {
+                    return Ok(Failover::ReconcileFirst {
+                        attempt_id: Some(attempt.id()),
+                        reason: Some(reason),
+                    });
+                }
+                Run::Stopped { attempt } => return Ok(Failover::Stopped { attempt }),
+            }
+        }
+        Ok(Failover::Exhausted {
+            failures,
+            not_certified,
+            attempts_exhausted: false,
+        })
+    }
+}
