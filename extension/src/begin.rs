@@ -104,7 +104,7 @@ fn begin(
                 job.max_attempts
             ))
             .detail(format!(
-                "Job {job_id} has {} attempts and max_attempts is {}.",
+                "Job {job_id} has already made {} of its {} allowed attempts (max_attempts).",
                 job.attempt_count, job.max_attempts
             ))
             .hint("An abandoned attempt may still return and win; otherwise cancel the job, or submit the intent under a new idempotency key."));

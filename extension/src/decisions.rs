@@ -105,10 +105,11 @@ fn cancel(job_id: Option<Uuid>, reason: Option<&str>) -> Answer<bool> {
     let job_id = input::required("job_id", job_id)?;
     let reason = input::reason(reason, false)?;
     Spi::connect_mut(|client| {
-        let job = job::lock(client, job_id)?;
+        let mut job = job::lock(client, job_id)?;
         if job.is_terminal() {
             return Ok(false);
         }
+        job::settle_open_attempt(client, &mut job, "cancel_job");
         let cancelled = plans::first(plans::run(
             client,
             &CANCEL,

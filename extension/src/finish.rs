@@ -50,7 +50,10 @@ static LOG_RESULT_AFTER_FAILURE: Statement = Statement {
           SELECT j.id, $1, 'late_result',
                  jsonb_build_object('attempt_state', 'failed', 'result', $3, 'presented_version', $4,
                                     'current_version', j.version, 'job_state', j.state, 'winner', j.completed_by)
-            FROM intent.jobs j WHERE j.id = $2",
+            FROM intent.jobs j WHERE j.id = $2
+             -- Asked again: the same answer, logged once.
+             AND NOT EXISTS (SELECT 1 FROM intent.events e
+                              WHERE e.job_id = $2 AND e.attempt_id = $1 AND e.kind = 'late_result')",
     args: &[pg_sys::UUIDOID, pg_sys::UUIDOID, pg_sys::JSONBOID, pg_sys::INT8OID],
 };
 
@@ -103,7 +106,10 @@ static LOG_LATE_FAILURE: Statement = Statement {
           SELECT j.id, $1, 'late_failure',
                  jsonb_build_object('error', $3, 'attempt_state', $4::text, 'job_state', j.state,
                                     'winner', j.completed_by, 'current_version', j.version)
-            FROM intent.jobs j WHERE j.id = $2",
+            FROM intent.jobs j WHERE j.id = $2
+             -- Reported again: logged once.
+             AND NOT EXISTS (SELECT 1 FROM intent.events e
+                              WHERE e.job_id = $2 AND e.attempt_id = $1 AND e.kind = 'late_failure')",
     args: &[
         pg_sys::UUIDOID,
         pg_sys::UUIDOID,

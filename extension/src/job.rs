@@ -195,3 +195,16 @@ pub fn settle_lapsed(client: &mut SpiClient<'_>, attempt_id: Uuid, noticed_by: &
     .expect("count(*) returns a row");
     plans::must::<i64>(&row, 1) > 0
 }
+
+/// Applies the deadline rule to a running job (its row locked): if its open attempt ran out of
+/// lease, persists that attempt as unknown and updates `job.state` to match.
+pub fn settle_open_attempt(client: &mut SpiClient<'_>, job: &mut Job, noticed_by: &str) {
+    if job.state == "running"
+        && let Some(open) = open_attempt(client, job.id)
+        && open.state == "started"
+        && open.lapsed
+        && settle_lapsed(client, open.id, noticed_by)
+    {
+        job.state = "unknown".into();
+    }
+}
