@@ -84,6 +84,19 @@ fn postgres_ids() -> (u32, u32) {
     (id("-u"), id("-g"))
 }
 
+/// Whether a process exists and is not a zombie (a killed postmaster is nobody's child once
+/// pg_ctl has exited, and a container's init may never reap it).
+fn process_alive(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name: "pid (comm) S ...".
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .map(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
+            .unwrap_or(false),
+        Err(_) => false,
+    }
+}
+
 fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     listener.local_addr().expect("local addr").port()
@@ -349,7 +362,7 @@ impl Cluster {
     pub fn postmaster_pid(&self) -> Option<u32> {
         let text = fs::read_to_string(self.data.join("postmaster.pid")).ok()?;
         let pid: u32 = text.lines().next()?.trim().parse().ok()?;
-        Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
+        process_alive(pid).then_some(pid)
     }
 
     /// `pg_postmaster_start_time()` as seconds since the epoch (with microseconds).
@@ -395,11 +408,7 @@ impl Cluster {
             .expect("run kill");
         assert!(status.success(), "kill -KILL {pid} failed");
         let deadline = Instant::now() + Duration::from_secs(60);
-        while Path::new(&format!("/proc/{pid}")).exists()
-            && fs::read_to_string(format!("/proc/{pid}/stat"))
-                .map(|s| !s.contains(") Z "))
-                .unwrap_or(false)
-        {
+        while process_alive(pid) {
             assert!(
                 Instant::now() < deadline,
                 "postmaster {pid} survived SIGKILL"
