@@ -75,6 +75,25 @@ VALUES (intent.job_id('ivy', 'k'), intent.attempt_id(intent.job_id('ivy', 'other
 -- Nor be of a kind the protocol does not know (23514).
 INSERT INTO intent.events (job_id, kind) VALUES (intent.job_id('ivy', 'k'), 'retried');
 \echo SQLSTATE :SQLSTATE
+-- A job names a defined contract (foreign key, 23503), and a contract that a job names cannot
+-- be deleted (23503). image-v1 is defined in setup.
+INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract)
+VALUES (intent.job_id('ivy', 'k3'), 'ivy', 'k3', 'p', '{}', 'no-such-contract');
+\echo SQLSTATE :SQLSTATE
+SELECT job_id FROM intent.submit_job('ivy', 'contracted', 'p', '{}', 'image-v1');
+DELETE FROM intent.contracts WHERE name = 'image-v1';
+\echo SQLSTATE :SQLSTATE
+-- A certification names a defined contract (23503), expires after it was recorded, and is
+-- revoked with a reason or not at all (23514).
+INSERT INTO intent.certifications (provider, contract, contract_version, evidence, expires_at)
+VALUES ('p', 'no-such-contract', 1, '{}', now() + '1 day');
+\echo SQLSTATE :SQLSTATE
+INSERT INTO intent.certifications (provider, contract, contract_version, evidence, expires_at)
+VALUES ('p', 'image-v1', 1, '{}', now() - '1 second'::interval);
+\echo SQLSTATE :SQLSTATE
+INSERT INTO intent.certifications (provider, contract, contract_version, evidence, expires_at, revoked_at)
+VALUES ('p', 'image-v1', 1, '{}', now() + '1 day', now());
+\echo SQLSTATE :SQLSTATE
 \set VERBOSITY default
 SELECT count(*) AS jobs FROM intent.jobs;
 SELECT count(*) AS attempts FROM intent.attempts;
@@ -96,6 +115,13 @@ SELECT c.relname, has_table_privilege('intent_regress_app', c.oid, 'SELECT') AS 
   FROM pg_class c WHERE c.relnamespace = 'intent'::regnamespace AND c.relkind IN ('r', 'S') ORDER BY 1;
 SELECT count(*) AS functions, count(*) FILTER (WHERE has_function_privilege('intent_regress_app', p.oid, 'EXECUTE')) AS executable
   FROM pg_proc p WHERE p.pronamespace = 'intent'::regnamespace;
+-- The functions, one per row: the API (SECURITY DEFINER, with a pinned search_path), the
+-- immutable id derivations, and the internal cores (a leading underscore) that only the API
+-- calls.
+SELECT p.oid::regprocedure AS function, p.prosecdef AS security_definer,
+       p.proconfig IS NOT NULL AS pinned_search_path, p.provolatile AS volatility
+  FROM pg_proc p WHERE p.pronamespace = 'intent'::regnamespace
+ ORDER BY p.proname LIKE '\_%', p.proname COLLATE "C";
 -- Granting one call is enough to use it: the functions are SECURITY DEFINER.
 GRANT USAGE ON SCHEMA intent TO intent_regress_app;
 GRANT EXECUTE ON FUNCTION intent.submit_job(text, text, text, jsonb, text, integer) TO intent_regress_app;
