@@ -33,7 +33,8 @@ $$;
 SELECT * FROM t.snapshot();
 
 -- 1. submit_job: owner_id, idempotency_key, provider (1-255 characters, not NULL), params (not
---    NULL, at most 1 MiB), contract (NULL or 1-255 characters), max_attempts (1-65535).
+--    NULL, at most 1 MiB), contract (NULL, or 1-255 characters naming a defined contract),
+--    max_attempts (1-65535).
 SELECT * FROM t.refusals(ARRAY[
   $$SELECT intent.submit_job(NULL, 'k', 'p', '{}')$$,
   $$SELECT intent.submit_job('', 'k', 'p', '{}')$$,
@@ -51,6 +52,7 @@ SELECT * FROM t.refusals(ARRAY[
   $$SELECT intent.submit_job('o', 'k', 'p', (SELECT doc FROM big))$$,
   $$SELECT intent.submit_job('o', 'k', 'p', '{}', '')$$,
   $$SELECT intent.submit_job('o', 'k', 'p', '{}', repeat('c', 256))$$,
+  $$SELECT intent.submit_job('o', 'k', 'p', '{}', 'no-such-contract')$$,
   $$SELECT intent.submit_job('o', 'k', 'p', '{}', NULL, NULL)$$,
   $$SELECT intent.submit_job('o', 'k', 'p', '{}', NULL, 0)$$,
   $$SELECT intent.submit_job('o', 'k', 'p', '{}', NULL, -1)$$,

@@ -69,7 +69,9 @@ SELECT * FROM t.unchanged();
 
 -- 6. IJ005 provider_not_certified: any provider other than the job's own is a failover, which
 --    needs a contract and a current certification. Without a contract it is refused; with one
---    it is refused too, because no provider can hold a certification yet.
+--    (frames-v1, defined in setup) it is refused too, because gpu-b was never certified for
+--    it. The DETAIL says which of the two it is. (The contracts test covers certification:
+--    granted, revoked, expired, outdated by a new contract version.)
 SELECT job_id, created FROM intent.submit_job('dave', 'render-2', 'gpu-a', '{}');
 SELECT job_id, created FROM intent.submit_job('dave', 'render-3', 'gpu-a', '{}', 'frames-v1');
 SELECT * FROM t.snapshot();

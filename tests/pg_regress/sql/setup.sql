@@ -55,8 +55,9 @@ BEGIN
 END
 $$;
 
--- t.digest(): one md5 over every row of the three tables, including each row's xmin and ctid,
--- so that any write (even an UPDATE that sets a column to its old value) changes it.
+-- t.digest(): one md5 over every row of the five tables (jobs, attempts, events, contracts,
+-- certifications), including each row's xmin and ctid, so that any write (even an UPDATE that
+-- sets a column to its old value) changes it.
 CREATE FUNCTION t.digest() RETURNS text
 LANGUAGE sql AS $$
   SELECT md5(
@@ -64,11 +65,16 @@ LANGUAGE sql AS $$
    || '|' ||
       coalesce((SELECT string_agg(a::text || a.xmin::text || a.ctid::text, ',' ORDER BY a.id) FROM intent.attempts a), '')
    || '|' ||
-      coalesce((SELECT string_agg(e::text || e.xmin::text || e.ctid::text, ',' ORDER BY e.id) FROM intent.events e), ''))
+      coalesce((SELECT string_agg(e::text || e.xmin::text || e.ctid::text, ',' ORDER BY e.id) FROM intent.events e), '')
+   || '|' ||
+      coalesce((SELECT string_agg(c::text || c.xmin::text || c.ctid::text, ',' ORDER BY c.name) FROM intent.contracts c), '')
+   || '|' ||
+      coalesce((SELECT string_agg(r::text || r.xmin::text || r.ctid::text, ',' ORDER BY r.id) FROM intent.certifications r), ''))
 $$;
 
--- t.snapshot(): remembers the digest (in a session setting) and shows the row counts.
--- t.unchanged(): the row counts again, and whether anything at all was written since.
+-- t.snapshot(): remembers the digest (in a session setting) and shows the row counts of the
+-- three job tables. t.unchanged(): the row counts again, and whether anything at all was
+-- written since, in any of the five tables.
 CREATE FUNCTION t.snapshot() RETURNS TABLE (jobs bigint, attempts bigint, events bigint)
 LANGUAGE sql AS $$
   SELECT set_config('t.digest', t.digest(), false);
@@ -129,3 +135,18 @@ INSERT INTO intent.events (job_id, kind) VALUES (intent.job_id('o', 'k'), 'cance
 SELECT * FROM t.unchanged();
 ROLLBACK;
 SELECT * FROM t.unchanged();
+-- A write to intent.contracts is noticed too (then undone).
+BEGIN;
+SELECT intent.define_contract('setup-probe', '{}');
+SELECT unchanged FROM t.unchanged();
+ROLLBACK;
+SELECT unchanged FROM t.unchanged();
+
+-- The contracts that the other tests name: intent.jobs.contract must name a defined contract
+-- (submit_job refuses an undefined one with 22023). image-v1 and image-v2 (submit),
+-- frames-v1 (begin) and a name of 255 multibyte characters (bad_input). Any JSON object
+-- satisfies them; the contracts test covers what a contract checks. Each is at version 1.
+SELECT CASE WHEN name = repeat('ç', 255) THEN '255 × ç' ELSE name END AS name,
+       intent.define_contract(name, '{"type": "object"}') AS version
+  FROM unnest(ARRAY['image-v1', 'image-v2', 'frames-v1', repeat('ç', 255)]) WITH ORDINALITY AS c(name, n)
+ ORDER BY n;

@@ -52,7 +52,8 @@ SELECT * FROM t.unchanged();
 --    own job (the SPEC's test vector for bob/click-1).
 SELECT * FROM intent.submit_job('bob', 'click-1', 'anthropic', '{"prompt": "a dog"}');
 
--- 7. A contract is part of the fingerprint: NULL and a name differ both ways.
+-- 7. A contract is part of the fingerprint: NULL and a name differ both ways. (A job may
+--    only name a defined contract; setup defines image-v1 and image-v2.)
 SELECT job_id, created, state FROM intent.submit_job('tenant-42', 'order-2026-11-30-0001', 'openai', '{}', 'image-v1', 5);
 SELECT job_id, created, state FROM intent.submit_job('tenant-42', 'order-2026-11-30-0001', 'openai', '{}', 'image-v1');
 SELECT job_id, created FROM intent.submit_job('tenant-42', 'order-2026-11-30-0001', 'openai', '{}');
@@ -60,6 +61,17 @@ SELECT job_id, created FROM intent.submit_job('tenant-42', 'order-2026-11-30-000
 SELECT job_id, created FROM intent.submit_job('tenant-42', 'order-2026-11-30-0001', 'openai', '{}', 'image-v2');
 \echo SQLSTATE :SQLSTATE
 SELECT contract, max_attempts FROM intent.jobs WHERE id = intent.job_id('tenant-42', 'order-2026-11-30-0001');
+-- A contract that is not defined is bad input (22023), for a new key and for an existing
+-- one alike (it is checked before the job is looked up), and nothing is written.
+SELECT * FROM t.snapshot();
+SELECT * FROM intent.submit_job('tenant-42', 'order-2026-11-30-0002', 'openai', '{}', 'image-v3');
+\echo SQLSTATE :SQLSTATE
+SELECT * FROM intent.submit_job('tenant-42', 'order-2026-11-30-0001', 'openai', '{}', 'image-v3');
+\echo SQLSTATE :SQLSTATE
+-- Contract names are compared exactly, like every name: Image-v1 is not image-v1.
+SELECT * FROM intent.submit_job('tenant-42', 'order-2026-11-30-0002', 'openai', '{}', 'Image-v1');
+\echo SQLSTATE :SQLSTATE
+SELECT * FROM t.unchanged();
 
 -- 8. Multibyte owners and keys (the SPEC's test vector for ö/ключ) and a key of exactly 255
 --    characters, 4 bytes each.
