@@ -169,3 +169,18 @@ SELECT (SELECT deadline - statement_timestamp() > '23:59:59' FROM intent.begin_a
        (SELECT deadline - statement_timestamp() > '23:59:59' FROM intent.begin_attempt(intent.job_id('frank', 'lease-1d'), NULL, '1 day')) AS lease_1d,
        (SELECT attempt_no FROM intent.begin_attempt(intent.job_id('frank', 'lease-1us'), NULL, '1 microsecond')) AS lease_1us;
 SELECT field, value FROM t.error_of($$SELECT intent.begin_attempt(intent.job_id('frank', 'lease-1us'))$$) WHERE field IN ('SQLSTATE', 'DETAIL');
+
+-- 15. cancel_job applies the deadline rule too: on a running job whose attempt is past its
+--     deadline (a lease of one microsecond, lapsed at once), it first persists the timeout
+--     (attempt and job unknown, a timeout event noticed by cancel_job), then cancels, and the
+--     cancelled event records the state the job really had: previous_state unknown. The
+--     attempt stays unknown (the provider may still be working); if it reports, it loses.
+SELECT job_id FROM intent.submit_job('frank', 'lapse-cancel', 'gpu', '{}');
+SELECT attempt_no FROM intent.begin_attempt(intent.job_id('frank', 'lapse-cancel'), NULL, '1 microsecond');
+SELECT intent.cancel_job(intent.job_id('frank', 'lapse-cancel'), 'user closed the tab');
+SELECT * FROM t.job(intent.job_id('frank', 'lapse-cancel'));
+SELECT no, state, finished FROM t.attempts(intent.job_id('frank', 'lapse-cancel'));
+SELECT * FROM t.events(intent.job_id('frank', 'lapse-cancel'));
+SELECT intent.complete_attempt(intent.attempt_id(intent.job_id('frank', 'lapse-cancel'), 1), 1, '{"frames": 10}');
+SELECT no, state, finished, result FROM t.attempts(intent.job_id('frank', 'lapse-cancel'));
+SELECT kind, attempt FROM t.events(intent.job_id('frank', 'lapse-cancel'));
