@@ -62,6 +62,16 @@ async fn ij001_idempotency_conflict_names_the_fields() {
         "{err}"
     );
 
+    // Where the extension has contracts, one must be defined before a job can name it.
+    db.batch_execute(
+        "DO $$ BEGIN
+           IF to_regproc('intent.define_contract') IS NOT NULL THEN
+             EXECUTE $q$SELECT intent.define_contract('images-v1', '{\"type\": \"object\"}')$q$;
+           END IF;
+         END $$",
+    )
+    .await
+    .unwrap();
     let err = intent::submit_job::<Value>(
         &db,
         &NewJob::new("alice", "click-1", "gpu-a", &params).contract("images-v1"),
