@@ -106,3 +106,38 @@ COMMENT ON FUNCTION intent._define_contract(text, jsonb, oid) IS 'Internal core 
 COMMENT ON FUNCTION intent._certify_provider(text, text, jsonb, interval) IS 'Internal core of intent.certify_provider.';
 COMMENT ON FUNCTION intent._revoke_certification(text, text, text) IS 'Internal core of intent.revoke_certification.';
 COMMENT ON FUNCTION intent._validate_result(text, jsonb) IS 'Internal core of intent.validate_result.';
+
+-- A contract's checker is referenced by oid, which records no dependency: without this guard a
+-- DROP FUNCTION would silently make every result of the contract fail its check (and a reused
+-- oid could point the contract at another function).
+CREATE FUNCTION intent._guard_checker_drop()
+RETURNS event_trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, intent, pg_temp
+AS $$
+DECLARE
+    c record;
+BEGIN
+    -- Dropping the extension itself drops the contracts too: nothing to guard then.
+    IF pg_catalog.to_regclass('intent.contracts') IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT k.name, d.object_identity INTO c
+      FROM pg_catalog.pg_event_trigger_dropped_objects() d
+      JOIN intent.contracts k ON k.checker::oid = d.objid
+     WHERE d.classid = 'pg_catalog.pg_proc'::regclass
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '2BP01',
+            MESSAGE = format('cannot drop function %s: contract %L uses it as its checker', c.object_identity, c.name),
+            HINT = 'Redefine the contract with another checker, or none, with intent.define_contract() first.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION intent._guard_checker_drop() IS
+    'Internal: refuses to drop a function that a contract uses as its checker.';
+
+CREATE EVENT TRIGGER intent_guard_checker_drop ON sql_drop
+    EXECUTE FUNCTION intent._guard_checker_drop();
+COMMENT ON EVENT TRIGGER intent_guard_checker_drop IS
+    'Keeps contract checkers from being dropped while a contract uses them.';

@@ -23,19 +23,18 @@ pub const VIOLATION: &str = "contract_violation";
 /// How many validation errors are kept on a rejected attempt; the first ones tell the story.
 const MAX_ERRORS: usize = 20;
 
-/// The longest certification: evidence gets stale, providers change their models.
-const MAX_VALIDITY_MICROS: i128 = 366 * 24 * 3600 * 1_000_000;
-
 static CONTRACT: Statement = Statement {
     slot: 19,
-    sql: "SELECT version, checker::oid FROM intent.contracts WHERE name = $1",
+    // xmin names the committed row version exactly: a version number can be reused after a
+    // rolled-back or deleted definition, a row version cannot.
+    sql: "SELECT version, checker::oid, xmin::text FROM intent.contracts WHERE name = $1",
     args: &[pg_sys::TEXTOID],
 };
 
 static CONTRACT_SCHEMA: Statement = Statement {
     slot: 20,
-    sql: "SELECT output_schema FROM intent.contracts WHERE name = $1 AND version = $2",
-    args: &[pg_sys::TEXTOID, pg_sys::INT4OID],
+    sql: "SELECT output_schema FROM intent.contracts WHERE name = $1 AND xmin::text = $2",
+    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID],
 };
 
 /// The checker runs in PL/pgSQL so that its errors are caught in a subtransaction there and
@@ -78,6 +77,14 @@ static CERTIFY: Statement = Statement {
     args: &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::INT4OID, pg_sys::JSONBOID, pg_sys::INTERVALOID],
 };
 
+/// The longest certification is 366 days: evidence gets stale, providers change their models.
+static VALIDITY_OK: Statement = Statement {
+    slot: 28,
+    sql: "SELECT $1 > interval '0'
+             AND statement_timestamp() + $1 <= statement_timestamp() + interval '366 days'",
+    args: &[pg_sys::INTERVALOID],
+};
+
 static REVOKE: Statement = Statement {
     slot: 25,
     sql: "UPDATE intent.certifications SET revoked_at = statement_timestamp(), revoked_reason = $3
@@ -100,8 +107,8 @@ static CERTIFICATION: Statement = Statement {
 };
 
 thread_local! {
-    /// Compiled schemas, per contract name, with the version they were compiled from.
-    static VALIDATORS: RefCell<HashMap<String, (i32, Rc<jsonschema::Validator>)>> =
+    /// Compiled schemas, per contract name, with the row version (xmin) they were compiled from.
+    static VALIDATORS: RefCell<HashMap<String, (String, Rc<jsonschema::Validator>)>> =
         RefCell::new(HashMap::new());
 }
 
@@ -109,10 +116,14 @@ fn compile(schema: &Value) -> Result<jsonschema::Validator, String> {
     jsonschema::draft202012::new(schema).map_err(|e| e.to_string())
 }
 
-fn validator(client: &mut SpiClient<'_>, name: &str, version: i32) -> Rc<jsonschema::Validator> {
+fn validator(
+    client: &mut SpiClient<'_>,
+    name: &str,
+    row_version: &str,
+) -> Rc<jsonschema::Validator> {
     if let Some(v) = VALIDATORS.with_borrow(|m| {
         m.get(name)
-            .filter(|(cached, _)| *cached == version)
+            .filter(|(cached, _)| cached == row_version)
             .map(|(_, v)| v.clone())
     }) {
         return v;
@@ -120,7 +131,7 @@ fn validator(client: &mut SpiClient<'_>, name: &str, version: i32) -> Rc<jsonsch
     let row = plans::first(plans::run(
         client,
         &CONTRACT_SCHEMA,
-        &[name.into(), version.into()],
+        &[name.into(), row_version.into()],
     ))
     .expect("the contract row was just read");
     let schema: Jsonb = plans::must(&row, 1);
@@ -128,7 +139,12 @@ fn validator(client: &mut SpiClient<'_>, name: &str, version: i32) -> Rc<jsonsch
     let compiled = Rc::new(compile(&schema.to_value()).unwrap_or_else(|e| {
         panic!("pg_intent: the stored schema of contract {name} no longer compiles: {e}")
     }));
-    VALIDATORS.with_borrow_mut(|m| m.insert(name.to_string(), (version, compiled.clone())));
+    VALIDATORS.with_borrow_mut(|m| {
+        m.insert(
+            name.to_string(),
+            (row_version.to_string(), compiled.clone()),
+        )
+    });
     compiled
 }
 
@@ -159,7 +175,8 @@ pub fn validate(
     let row = plans::first(plans::run(client, &CONTRACT, &[name.into()]))?;
     let version: i32 = plans::must(&row, 1);
     let checker: Option<pg_sys::Oid> = plans::get(&row, 2);
-    let validator = validator(client, name, version);
+    let row_version: String = plans::must(&row, 3);
+    let validator = validator(client, name, &row_version);
     let value = result.to_value();
     let errors: Vec<Value> = validator
         .iter_errors(&value)
@@ -206,19 +223,25 @@ pub fn check_certified(
     job: &crate::job::Job,
     provider: &str,
 ) -> Answer<()> {
-    let refuse = |why: String| {
+    let refusal = |why: String| {
         Refusal::provider_not_certified(format!(
             "failover of job {} to provider \"{provider}\" is not allowed",
             job.id
         ))
-        .detail(format!("The job's provider is \"{}\"; {why}.", job.provider))
-        .hint("Run the contract tests against the provider and record them with intent.certify_provider(), or begin the attempt on the job's own provider.")
+        .detail(format!(
+            "The job's provider is \"{}\"; {why}.",
+            job.provider
+        ))
+    };
+    let refuse = |why: String| {
+        refusal(why).hint("Run the contract tests against the provider and record them with intent.certify_provider(), or begin the attempt on the job's own provider.")
     };
     let Some(contract) = &job.contract else {
-        return Err(refuse(format!(
+        return Err(refusal(format!(
             "job {} names no contract, so no other provider can be trusted with it",
             job.id
-        )));
+        ))
+        .hint("Begin the attempt on the job's own provider. Failover needs a job submitted with a contract (a new idempotency key)."));
     };
     let Some(row) = plans::first(plans::run(
         client,
@@ -356,15 +379,17 @@ fn certify(
     let contract = input::name("contract", contract)?;
     let evidence = input::document("evidence", evidence)?;
     let valid_for = input::required("valid_for", valid_for)?;
-    let micros = valid_for.as_micros();
-    if micros <= 0 || micros > MAX_VALIDITY_MICROS {
-        return Err(
-            Refusal::bad_input("valid_for must be positive and at most 366 days")
-                .detail(format!("valid_for is {valid_for}."))
-                .hint("Certify again with fresh evidence when it expires."),
-        );
-    }
     Spi::connect_mut(|client| {
+        // Months have no fixed length: compare the real expiry, as the row will store it.
+        let row = plans::first(plans::run(client, &VALIDITY_OK, &[valid_for.into()]))
+            .expect("SELECT returns a row");
+        if !plans::must::<bool>(&row, 1) {
+            return Err(
+                Refusal::bad_input("valid_for must be positive and at most 366 days")
+                    .detail(format!("valid_for is {valid_for}."))
+                    .hint("Certify again with fresh evidence when it expires."),
+            );
+        }
         let version = current_version(client, contract)?;
         let row = plans::first(plans::run(
             client,

@@ -148,7 +148,7 @@ fn complete(
     let result = input::document("result", result)?;
 
     Spi::connect_mut(|client| {
-        let (job, attempt) = job::lock_for_attempt(client, attempt_id)?;
+        let (mut job, attempt) = job::lock_for_attempt(client, attempt_id)?;
         attempt.check_version(version)?;
         match attempt.state.as_str() {
             // Asked again: the same answer, and nothing changes.
@@ -173,8 +173,11 @@ fn complete(
             _ => {}
         }
         // started, unknown or abandoned: this result really happened and may win.
-        if attempt.is_lapsed() {
-            job::settle_lapsed(client, attempt_id, "complete_attempt");
+        if attempt.is_lapsed()
+            && job::settle_lapsed(client, attempt_id, "complete_attempt")
+            && job.state == "running"
+        {
+            job.state = "unknown".into();
         }
         let state_before = if attempt.is_lapsed() {
             "unknown"

@@ -321,3 +321,27 @@ SELECT DISTINCT ON (provider) provider, contract_version, revoked_at IS NOT NULL
 SELECT j.idempotency_key, e.kind, t.no(e.attempt_id) AS attempt
   FROM intent.events e JOIN intent.jobs j ON j.id = e.job_id
  ORDER BY e.id;
+
+-- 14. A checker cannot be dropped while a contract uses it (an event trigger refuses with
+--     2BP01); once the contract is redefined without it, it can.
+CREATE FUNCTION t.droppable_check(r jsonb) RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT true $$;
+SELECT intent.define_contract('guarded', '{}', 't.droppable_check(jsonb)') AS version;
+DROP FUNCTION t.droppable_check(jsonb);
+\echo SQLSTATE :SQLSTATE
+SELECT intent.define_contract('guarded', '{}') AS version;
+DROP FUNCTION t.droppable_check(jsonb);
+\echo SQLSTATE :SQLSTATE
+
+-- 15. valid_for is measured on the calendar: 12 months and 6 days is more than 366 days.
+SELECT intent.certify_provider('gpu-c', 'render', '{}', '12 months 6 days');
+\echo SQLSTATE :SQLSTATE
+
+-- 16. The compiled schema follows the committed definition, never a rolled-back one, even
+--     when a later definition gets the same version number.
+SELECT intent.define_contract('shape', '{"type": "object", "required": ["url"]}') AS version;
+BEGIN;
+SELECT intent.define_contract('shape', '{}') AS version_never_committed;
+SELECT valid FROM intent.validate_result('shape', '42');
+ROLLBACK;
+SELECT intent.define_contract('shape', '{"type": "object", "required": ["url"], "minProperties": 2}') AS version;
+SELECT valid, errors FROM intent.validate_result('shape', '42');
