@@ -1,19 +1,6 @@
 //! Where the calls run: the [`Executor`] trait, and the per-connection statement cache.
 //!
-//! tokio-postgres caches nothing by itself, and a [`Statement`] is only valid on the connection
-//! that prepared it. So the cache has to live *with the connection*, and this module offers it
-//! in the shapes callers already have:
-//!
-//! | you hold | pass | statements live in |
-//! |---|---|---|
-//! | a [`tokio_postgres::Client`] | wrap it once: [`Connection::new`] | the [`Connection`] |
-//! | a transaction on it | [`Connection::transaction`] → [`Transaction`] | its [`Connection`] |
-//! | a pooled `deadpool_postgres::Object` (feature `deadpool`) | the object, or its transaction | deadpool's own per-connection cache |
-//! | a bare client or transaction you cannot wrap | [`StatementCache::on`] | a [`StatementCache`] you keep beside that connection |
-//!
-//! Every statement is prepared the first time it is needed on a connection and reused for the
-//! connection's lifetime. Preparing is not transactional in PostgreSQL, so a statement prepared
-//! inside a transaction that rolls back stays usable.
+//! See the crate documentation, "Connections, transactions and pools".
 
 use std::future::Future;
 use std::ops::{Deref, DerefMut};

@@ -17,7 +17,7 @@
 //!   `tokio_postgres::Client` with its statement cache), its [`Transaction`] (submit a job in the
 //!   same transaction as the business write that needs it), a pooled `deadpool_postgres::Object`
 //!   or its transaction, or a bare client or transaction with a [`StatementCache`] beside it.
-//!   Statements are prepared once per connection (see [`exec`](crate::Executor)).
+//!   Statements are prepared once per connection (see below).
 //! * **The protocol, encoded**: [`Worker`] begins an attempt, heartbeats while the provider
 //!   works, marks the attempt unknown (never failed) when your timeout fires, reports with the
 //!   right version and stops when a heartbeat says so. [`Worker::run_failover`] tries the next
@@ -25,6 +25,27 @@
 //!   starting a second attempt while an outcome is unknown.
 //! * **Ids before the database**: [`job_id`] and [`attempt_id`] compute the SPEC's derived ids
 //!   (from [`pg_intent_id`]), so a load balancer or a log line can name a job first.
+//!
+//! # Connections, transactions and pools
+//!
+//! tokio-postgres caches nothing by itself, and a prepared [`tokio_postgres::Statement`] is only
+//! valid on the connection that prepared it, so the statement cache lives *with the connection*:
+//!
+//! | you hold | pass | statements live in |
+//! |---|---|---|
+//! | a `tokio_postgres::Client` | wrap it once: [`Connection::new`] (it derefs to the client) | the [`Connection`] |
+//! | a transaction on it | [`Connection::transaction`] → [`Transaction`] | its [`Connection`] |
+//! | a pooled `deadpool_postgres::Object` (feature `deadpool`, on by default) | the object, or its `deadpool_postgres::Transaction` | deadpool's own per-connection cache |
+//! | a bare client or transaction you cannot wrap | [`StatementCache::on`] | a [`StatementCache`] you keep beside that connection |
+//!
+//! Each statement is prepared the first time it is needed on a connection and reused for the
+//! connection's lifetime; concurrent first uses share one preparation. Preparing is not
+//! transactional in PostgreSQL, so a statement prepared inside a transaction that rolls back
+//! stays usable. To run the calls on anything else (another pool), implement [`Executor`].
+//!
+//! A call made with a transaction runs inside it: a job submitted there becomes visible only
+//! when the transaction commits. The [`Worker`] needs a connection outside any transaction, since
+//! its heartbeats must commit to extend the lease.
 //!
 //! # Example
 //!
@@ -36,7 +57,7 @@
 //! #[derive(Serialize)]
 //! struct Prompt<'a> { text: &'a str }
 //!
-//! #[derive(Serialize, Deserialize)]
+//! #[derive(Debug, Serialize, Deserialize)]
 //! struct Image { url: String }
 //!
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {

@@ -424,8 +424,10 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
                     });
                 }
                 Run::Failed {
-                    error, job_state, ..
-                } if job_state == JobState::Pending => {
+                    error,
+                    job_state: JobState::Pending,
+                    ..
+                } => {
                     failures.push((provider.to_string(), error));
                 }
                 Run::Failed {
