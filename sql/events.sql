@@ -9,6 +9,7 @@ CREATE TABLE intent.events (
     id          bigint       GENERATED ALWAYS AS IDENTITY,
     at          timestamptz  NOT NULL DEFAULT statement_timestamp(),
     job_id      uuid         NOT NULL,
+    owner_id    text         NOT NULL,
     attempt_id  uuid,
     kind        text         NOT NULL,
     detail      jsonb        NOT NULL DEFAULT '{}',
@@ -32,6 +33,8 @@ COMMENT ON TABLE intent.events IS
 COMMENT ON COLUMN intent.events.id IS 'Monotonic within a server; orders the events of one job.';
 COMMENT ON COLUMN intent.events.at IS 'When the event was recorded (start of the statement that recorded it).';
 COMMENT ON COLUMN intent.events.job_id IS 'The job the event belongs to.';
+COMMENT ON COLUMN intent.events.owner_id IS
+    'Copied from the job, so that owner isolation (row-level security) needs no join.';
 COMMENT ON COLUMN intent.events.attempt_id IS 'The attempt concerned, when there is one.';
 COMMENT ON COLUMN intent.events.kind IS
     'timeout, abandoned, cancelled, late_result, late_failure or contract_violation.';

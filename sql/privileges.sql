@@ -1,9 +1,96 @@
 -- pg_intent: secure by default.
 --
--- Nothing in schema intent is usable by PUBLIC. The tables are read and written only through the
--- SECURITY DEFINER functions of api.sql; an application is given exactly the calls it needs
--- (see the README, "Privileges").
+-- 1. Everything belongs to intent_owner, a role that cannot log in and is not a superuser:
+--    superusers bypass row-level security, and the SECURITY DEFINER functions must obey the
+--    owner isolation policies (isolation.sql) like everyone else. Contract checkers run as it too.
+-- 2. Nothing is usable by PUBLIC.
+-- 3. Three roles carry exactly the calls each kind of user needs (grant them to login roles):
+--      intent_app       submit and run attempts: submit_job, begin/complete/fail/mark_unknown,
+--                       heartbeat, cancel_job, the id derivations
+--      intent_operator  intent_app, plus abandon_attempt, sweep and reading the tables
+--      intent_admin     intent_operator, plus contracts and certifications
+-- Roles are cluster-wide: they are created once and kept when the extension is dropped.
 
+DO $roles$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'intent_owner') THEN
+        CREATE ROLE intent_owner NOLOGIN NOSUPERUSER NOBYPASSRLS;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'intent_app') THEN
+        CREATE ROLE intent_app NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'intent_operator') THEN
+        CREATE ROLE intent_operator NOLOGIN IN ROLE intent_app;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'intent_admin') THEN
+        CREATE ROLE intent_admin NOLOGIN IN ROLE intent_operator;
+    END IF;
+END
+$roles$;
+COMMENT ON ROLE intent_owner IS 'pg_intent: owns the intent schema; its functions run as it. Not for logging in.';
+COMMENT ON ROLE intent_app IS 'pg_intent: the calls an application needs (submit, attempts, cancel, ids).';
+COMMENT ON ROLE intent_operator IS 'pg_intent: intent_app plus abandon_attempt, sweep and reading the tables.';
+COMMENT ON ROLE intent_admin IS 'pg_intent: intent_operator plus contracts and certifications.';
+
+-- Hand every member of the extension to intent_owner.
+DO $owner$
+DECLARE
+    obj record;
+BEGIN
+    EXECUTE 'ALTER SCHEMA intent OWNER TO intent_owner';
+    FOR obj IN
+        SELECT pg_catalog.pg_describe_object(d.classid, d.objid, 0) AS what, d.classid, d.objid
+          FROM pg_catalog.pg_depend d
+         WHERE d.refclassid = 'pg_catalog.pg_extension'::regclass
+           AND d.refobjid = (SELECT oid FROM pg_catalog.pg_extension WHERE extname = 'pg_intent')
+           AND d.deptype = 'e'
+    LOOP
+        IF obj.classid = 'pg_catalog.pg_class'::regclass THEN
+            -- Sequences owned by identity columns follow their table.
+            IF (SELECT relkind FROM pg_catalog.pg_class WHERE oid = obj.objid) IN ('r', 'v', 'm') THEN
+                EXECUTE format('ALTER TABLE %s OWNER TO intent_owner', obj.objid::regclass);
+            END IF;
+        ELSIF obj.classid = 'pg_catalog.pg_proc'::regclass THEN
+            EXECUTE format('ALTER ROUTINE %s OWNER TO intent_owner', obj.objid::regprocedure);
+        ELSIF obj.classid = 'pg_catalog.pg_type'::regclass THEN
+            IF (SELECT typtype FROM pg_catalog.pg_type WHERE oid = obj.objid) = 'e' THEN
+                EXECUTE format('ALTER TYPE %s OWNER TO intent_owner', obj.objid::regtype);
+            END IF;
+        END IF;
+    END LOOP;
+END
+$owner$;
+
+REVOKE ALL ON SCHEMA intent FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA intent FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA intent FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA intent FROM PUBLIC;
+
+GRANT USAGE ON SCHEMA intent TO intent_app;
+GRANT EXECUTE ON FUNCTION
+    intent.submit_job(text, text, text, jsonb, text, integer),
+    intent.begin_attempt(uuid, text, interval, text),
+    intent.complete_attempt(uuid, bigint, jsonb),
+    intent.fail_attempt(uuid, bigint, jsonb, boolean),
+    intent.mark_unknown(uuid, text),
+    intent.heartbeat(uuid, interval),
+    intent.cancel_job(uuid, text),
+    intent.job_id(text, text),
+    intent.attempt_id(uuid, integer),
+    intent.job_of(uuid),
+    intent.bound_owner(),
+    intent.validate_result(text, jsonb)
+  TO intent_app;
+
+GRANT EXECUTE ON FUNCTION
+    intent.abandon_attempt(uuid, text),
+    intent.sweep()
+  TO intent_operator;
+GRANT SELECT ON intent.jobs, intent.attempts, intent.events, intent.contracts, intent.certifications
+  TO intent_operator;
+
+GRANT EXECUTE ON FUNCTION
+    intent.define_contract(text, jsonb, regprocedure),
+    intent.certify_provider(text, text, jsonb, interval),
+    intent.revoke_certification(text, text, text)
+  TO intent_admin;

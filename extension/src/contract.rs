@@ -50,7 +50,9 @@ static CHECKER_SIGNATURE: Statement = Statement {
     sql: "SELECT p.oid::regprocedure::text,
                  p.pronargs = 1 AND p.proargtypes[0] = 'jsonb'::regtype AND p.prorettype = 'boolean'::regtype
                    AND NOT p.proretset AND p.prokind = 'f',
-                 p.provolatile <> 'v'
+                 p.provolatile <> 'v',
+                 has_function_privilege('intent_owner', p.oid, 'EXECUTE')
+                   AND has_schema_privilege('intent_owner', p.pronamespace, 'USAGE')
             FROM pg_catalog.pg_proc p WHERE p.oid = $1",
     args: &[pg_sys::OIDOID],
 };
@@ -332,6 +334,15 @@ fn define(
                 ))
                 .detail("A checker only judges a result; a volatile function could write.")
                 .hint("Declare it STABLE (or IMMUTABLE)."));
+            }
+            if !plans::must::<bool>(&row, 4) {
+                return Err(Refusal::bad_input(format!(
+                    "checker {signature} cannot be run by intent_owner"
+                ))
+                .detail("Checkers run as intent_owner, the role that owns pg_intent's functions.")
+                .hint(format!(
+                    "GRANT USAGE ON its schema and EXECUTE ON FUNCTION {signature} TO intent_owner."
+                )));
             }
         }
         let inserted = plans::first(plans::run(

@@ -15,12 +15,12 @@ static ABANDON: Statement = Statement {
     sql: "WITH a AS (
               UPDATE intent.attempts SET state = 'abandoned'
                WHERE id = $1 AND state IN ('started', 'unknown')
-              RETURNING id, job_id),
+              RETURNING id, job_id, owner_id),
           j AS (
               UPDATE intent.jobs SET state = 'pending', updated_at = statement_timestamp()
                WHERE id = (SELECT job_id FROM a) AND state IN ('running', 'unknown'))
-          INSERT INTO intent.events (job_id, attempt_id, kind, detail)
-          SELECT a.job_id, a.id, 'abandoned',
+          INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
+          SELECT a.job_id, a.owner_id, a.id, 'abandoned',
                  jsonb_build_object('reason', $2::text, 'previous_state', $3::text, 'lease_expired', $4::boolean)
             FROM a",
     args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::BOOLOID],
@@ -32,9 +32,9 @@ static CANCEL: Statement = Statement {
     sql: "WITH j AS (
               UPDATE intent.jobs SET state = 'cancelled', version = version + 1, updated_at = statement_timestamp()
                WHERE id = $1 AND state IN ('pending', 'running', 'unknown')
-              RETURNING id, version)
-          INSERT INTO intent.events (job_id, kind, detail)
-          SELECT j.id, 'cancelled',
+              RETURNING id, owner_id, version)
+          INSERT INTO intent.events (job_id, owner_id, kind, detail)
+          SELECT j.id, j.owner_id, 'cancelled',
                  jsonb_build_object('reason', $2::text, 'previous_state', $3::text, 'version', j.version,
                                     'open_attempt', (SELECT a.id FROM intent.attempts a
                                                       WHERE a.job_id = j.id AND a.state IN ('started', 'unknown')))

@@ -31,8 +31,8 @@ static COMPLETE: Statement = Statement {
                      result = $3, finished_at = statement_timestamp()
                WHERE id = $1),
           e AS (
-              INSERT INTO intent.events (job_id, attempt_id, kind, detail)
-              SELECT j.id, $1, 'late_result',
+              INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
+              SELECT j.id, j.owner_id, $1, 'late_result',
                      jsonb_build_object('winner', j.completed_by, 'presented_version', $4,
                                         'current_version', j.version, 'job_state', j.state,
                                         'attempt_state', $5::text)
@@ -46,8 +46,8 @@ static COMPLETE: Statement = Statement {
 /// outcome, and the attempt keeps its recorded failure; the result is kept in the log.
 static LOG_RESULT_AFTER_FAILURE: Statement = Statement {
     slot: 8,
-    sql: "INSERT INTO intent.events (job_id, attempt_id, kind, detail)
-          SELECT j.id, $1, 'late_result',
+    sql: "INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
+          SELECT j.id, j.owner_id, $1, 'late_result',
                  jsonb_build_object('attempt_state', 'failed', 'result', $3, 'presented_version', $4,
                                     'current_version', j.version, 'job_state', j.state, 'winner', j.completed_by)
             FROM intent.jobs j WHERE j.id = $2
@@ -68,8 +68,9 @@ static FAIL_ATTEMPT: Statement = Statement {
 /// A result that broke the job's contract, logged with the validation errors.
 static LOG_VIOLATION: Statement = Statement {
     slot: 27,
-    sql: "INSERT INTO intent.events (job_id, attempt_id, kind, detail)
-          VALUES ($2, $1, 'contract_violation', $3::jsonb || jsonb_build_object('job_state', $4::text))
+    sql: "INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
+          SELECT j.id, j.owner_id, $1, 'contract_violation', $3::jsonb || jsonb_build_object('job_state', $4::text)
+            FROM intent.jobs j WHERE j.id = $2
           RETURNING detail - 'job_state'",
     args: &[pg_sys::UUIDOID, pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
 };
@@ -102,8 +103,8 @@ static REOPEN_JOB: Statement = Statement {
 /// A failure that arrived after the job's outcome was decided.
 static LOG_LATE_FAILURE: Statement = Statement {
     slot: 12,
-    sql: "INSERT INTO intent.events (job_id, attempt_id, kind, detail)
-          SELECT j.id, $1, 'late_failure',
+    sql: "INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
+          SELECT j.id, j.owner_id, $1, 'late_failure',
                  jsonb_build_object('error', $3, 'attempt_state', $4::text, 'job_state', j.state,
                                     'winner', j.completed_by, 'current_version', j.version)
             FROM intent.jobs j WHERE j.id = $2

@@ -42,13 +42,13 @@ static SETTLE_LAPSED: Statement = Statement {
     sql: "WITH a AS (
               UPDATE intent.attempts SET state = 'unknown'
                WHERE id = $1 AND state = 'started' AND deadline <= statement_timestamp()
-              RETURNING id, job_id, deadline),
+              RETURNING id, job_id, owner_id, deadline),
           j AS (
               UPDATE intent.jobs SET state = 'unknown', updated_at = statement_timestamp()
                WHERE id = (SELECT job_id FROM a) AND state = 'running'),
           e AS (
-              INSERT INTO intent.events (job_id, attempt_id, kind, detail)
-              SELECT a.job_id, a.id, 'timeout',
+              INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
+              SELECT a.job_id, a.owner_id, a.id, 'timeout',
                      jsonb_build_object('cause', 'lease_expired', 'deadline', a.deadline, 'noticed_by', $2::text)
                 FROM a)
           SELECT count(*) FROM a",

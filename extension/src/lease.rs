@@ -19,12 +19,12 @@ static MARK_UNKNOWN: Statement = Statement {
     sql: "WITH a AS (
               UPDATE intent.attempts SET state = 'unknown'
                WHERE id = $1 AND state = 'started'
-              RETURNING id, job_id, deadline),
+              RETURNING id, job_id, owner_id, deadline),
           j AS (
               UPDATE intent.jobs SET state = 'unknown', updated_at = statement_timestamp()
                WHERE id = (SELECT job_id FROM a) AND state = 'running')
-          INSERT INTO intent.events (job_id, attempt_id, kind, detail)
-          SELECT a.job_id, a.id, 'timeout',
+          INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
+          SELECT a.job_id, a.owner_id, a.id, 'timeout',
                  jsonb_build_object('cause', 'caller_timeout', 'reason', $2::text, 'deadline', a.deadline,
                                     'lease_expired', a.deadline <= statement_timestamp())
             FROM a",

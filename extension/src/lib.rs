@@ -14,6 +14,13 @@ use pgrx::prelude::*;
 
 ::pgrx::pg_module_magic!(name, version);
 
+/// Runs when a backend loads the library: registers the `intent.owner_id` setting before any
+/// call (or row-level security policy) can read it.
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    owner::register();
+}
+
 mod begin;
 mod contract;
 mod decisions;
@@ -23,6 +30,7 @@ mod input;
 mod job;
 mod jsonb;
 mod lease;
+mod owner;
 mod plans;
 mod refusal;
 mod submit;
@@ -49,12 +57,18 @@ extension_sql_file!(
     requires = ["jobs"]
 );
 extension_sql_file!(
+    "../../sql/isolation.sql",
+    name = "isolation",
+    requires = ["jobs", "attempts", "events", owner::bound_owner]
+);
+extension_sql_file!(
     "../../sql/api.sql",
     name = "api",
     requires = [
         "attempts",
         "events",
         "contracts",
+        "isolation",
         submit::submit_job_core,
         begin::begin_attempt_core,
         finish::complete_attempt_core,

@@ -86,6 +86,11 @@ impl Refusal {
         Self::new("IJ007", message)
     }
 
+    /// `42501` insufficient_privilege: acting for an owner the session is not bound to.
+    pub fn insufficient_privilege(message: impl Into<String>) -> Self {
+        Self::new("42501", message)
+    }
+
     /// `40001` serialization_failure: the caller should retry the transaction.
     pub fn serialization_failure(message: impl Into<String>) -> Self {
         Self::new("40001", message)

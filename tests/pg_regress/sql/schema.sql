@@ -69,11 +69,11 @@ INSERT INTO intent.attempts (id, job_id, owner_id, attempt_no, provider, state, 
 VALUES (intent.attempt_id(intent.job_id('ivy', 'k'), 2), intent.job_id('ivy', 'k'), 'ivy', 2, 'p', 'unknown', 1, '1 hour', now() + '1 hour');
 \echo SQLSTATE :SQLSTATE
 -- An event cannot name an attempt of another job (23514).
-INSERT INTO intent.events (job_id, attempt_id, kind)
-VALUES (intent.job_id('ivy', 'k'), intent.attempt_id(intent.job_id('ivy', 'other'), 1), 'timeout');
+INSERT INTO intent.events (job_id, owner_id, attempt_id, kind)
+VALUES (intent.job_id('ivy', 'k'), 'ivy', intent.attempt_id(intent.job_id('ivy', 'other'), 1), 'timeout');
 \echo SQLSTATE :SQLSTATE
 -- Nor be of a kind the protocol does not know (23514).
-INSERT INTO intent.events (job_id, kind) VALUES (intent.job_id('ivy', 'k'), 'retried');
+INSERT INTO intent.events (job_id, owner_id, kind) VALUES (intent.job_id('ivy', 'k'), 'ivy', 'retried');
 \echo SQLSTATE :SQLSTATE
 -- A job names a defined contract (foreign key, 23503), and a contract that a job names cannot
 -- be deleted (23503). image-v1 is defined in setup.

@@ -19,6 +19,8 @@ SELECT e.extname, n.nspname AS schema, e.extrelocatable
 
 -- Helpers live in schema t (for "test"), apart from the extension's own objects.
 CREATE SCHEMA t;
+-- Contract checkers defined in t run as intent_owner, which needs to reach them.
+GRANT USAGE ON SCHEMA t TO intent_owner;
 
 -- t.mask(text): replaces timestamps (ISO, jsonb's ISO with a T, and the Postgres datestyle)
 -- by <timestamp>, so a DETAIL or an event that names a deadline still prints the same words.
@@ -131,7 +133,7 @@ SELECT * FROM t.snapshot();
 SELECT * FROM t.unchanged();
 -- A write to intent.events must make unchanged false (then undone).
 BEGIN;
-INSERT INTO intent.events (job_id, kind) VALUES (intent.job_id('o', 'k'), 'cancelled');
+INSERT INTO intent.events (job_id, owner_id, kind) VALUES (intent.job_id('o', 'k'), 'o', 'cancelled');
 SELECT * FROM t.unchanged();
 ROLLBACK;
 SELECT * FROM t.unchanged();
