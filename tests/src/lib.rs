@@ -355,6 +355,16 @@ impl Cluster {
             let err = SqlError::from_error(&e);
             panic!("CREATE EXTENSION pg_intent failed ({err:?}): {NOT_INSTALLED}");
         }
+        // Mutation checks (see tests/mutations/README.md): break the extension on purpose in
+        // this throwaway database, to prove that the tests notice.
+        if let Some(path) = std::env::var_os("PG_INTENT_TESTS_SABOTAGE") {
+            let sql = fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("read {}: {e}", Path::new(&path).display()));
+            client
+                .batch_execute(&sql)
+                .await
+                .unwrap_or_else(|e| panic!("sabotage {}: {e:?}", Path::new(&path).display()));
+        }
         db
     }
 
@@ -541,6 +551,7 @@ pub struct SqlError {
 impl SqlError {
     /// The server error inside a tokio-postgres error; panics if it is not one (a broken
     /// connection, a type mismatch on our side …): tests must see the server's answer.
+    #[track_caller]
     pub fn from_error(e: &tokio_postgres::Error) -> SqlError {
         let db = e
             .as_db_error()
@@ -560,6 +571,7 @@ impl SqlError {
     }
 
     /// The DETAIL, which must be present.
+    #[track_caller]
     pub fn detail(&self) -> &str {
         self.detail
             .as_deref()
@@ -567,6 +579,7 @@ impl SqlError {
     }
 
     /// The HINT, which must be present.
+    #[track_caller]
     pub fn hint(&self) -> &str {
         self.hint
             .as_deref()
@@ -583,6 +596,7 @@ pub async fn expect_error(client: &Client, sql: &str, params: &[&(dyn ToSql + Sy
 }
 
 /// Unwraps a refusal that must have the given SQLSTATE.
+#[track_caller]
 pub fn refusal<T: fmt::Debug>(
     result: Result<T, tokio_postgres::Error>,
     expected_code: &str,

@@ -20,8 +20,10 @@ fn assert_one_creator(answers: &[Submitted], owner: &str, key: &str) {
     }
     let created = answers.iter().filter(|a| a.created).count();
     assert_eq!(
-        created, 1,
-        "exactly one caller creates the job: {answers:?}"
+        created,
+        1,
+        "exactly one of {} callers creates the job",
+        answers.len()
     );
 }
 

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Mutation checks: each file here breaks the extension on purpose (only inside the throwaway
+# databases the integration tests create, through PG_INTENT_TESTS_SABOTAGE) and the test binary
+# named next to it must then FAIL. A mutation that passes means the tests are blind to that bug.
+# Usage: bash tests/mutations/run.sh
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+missed=0
+while read -r mutation binary; do
+  if PG_INTENT_TESTS_SABOTAGE="$PWD/tests/mutations/$mutation" RUST_BACKTRACE=0 \
+       cargo test -q -p pg_intent_tests --test "$binary" -- --test-threads=1 >"/tmp/mutation-$mutation.log" 2>&1; then
+    echo "MISSED  $mutation: tests/$binary.rs still passes"; missed=1
+  else
+    echo "caught  $mutation: $(grep -c -- '--- FAILED' "/tmp/mutation-$mutation.log") test(s) of tests/$binary.rs fail"
+  fi
+done <<'LIST'
+check_then_insert.sql double_click
+params_ignored.sql same_key_different_input
+timeout_is_failure.sql timeout
+lapsed_lease_is_failure.sql timeout
+last_writer_wins.sql reverse_order_finish
+swallow_serialization_failure.sql isolation_levels
+generic_errors.sql sqlstates
+share_the_attempt.sql concurrent_begin
+LIST
+exit $missed
