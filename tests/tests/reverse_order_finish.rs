@@ -328,3 +328,30 @@ async fn a_result_after_a_cancel_loses() {
         "cancelling a finished job changes nothing"
     );
 }
+
+/// A worker retries its own completion (its connection dropped, say) many times at once: one
+/// win, the rest the same answer, one version step, nothing logged as a race.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_same_completion_repeated_at_once_wins_once() {
+    let db = Cluster::shared().fresh_db("reverse_replay").await;
+    let c = db.connect().await;
+    let clients = db.connect_many(16, "reverse_replay").await;
+    let s = submit(&c, "pia", "k", "p", &json!({})).await.unwrap();
+    let a = begin(&c, s.job_id, None, "1 minute").await.unwrap();
+    let answers = stampede(&clients, |_, conn| {
+        let a = a.clone();
+        async move {
+            complete(&conn, a.attempt_id, a.version, &json!({"ok": true}))
+                .await
+                .unwrap()
+        }
+    })
+    .await;
+    assert!(answers.iter().all(|x| x == "won"), "{answers:?}");
+    let job = job_row(&c, s.job_id).await;
+    assert_eq!((job.state.as_str(), job.version), ("succeeded", 2));
+    assert!(
+        event_rows(&c, s.job_id).await.is_empty(),
+        "replays are not logged"
+    );
+}

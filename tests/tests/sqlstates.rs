@@ -529,3 +529,21 @@ async fn a_refusal_inside_a_transaction_and_the_server_survives() {
         "no backend crashed the server"
     );
 }
+
+/// A NUL byte in text is refused by PostgreSQL itself (22021) before any function runs: the
+/// backend survives and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_byte_is_refused_before_the_extension_sees_it() {
+    let db = Cluster::shared().fresh_db("sqlstate_nul").await;
+    let c = db.connect().await;
+    assert_error(&c, "22021", "NUL in the key", || async {
+        submit(&c, "u", "k\0ey", "p", &json!({})).await
+    })
+    .await;
+    assert!(
+        submit(&c, "u", "key", "p", &json!({}))
+            .await
+            .unwrap()
+            .created
+    );
+}

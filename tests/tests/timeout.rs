@@ -366,3 +366,49 @@ async fn concurrent_begins_wait_for_the_abandon() {
     }
     assert_eq!(attempt_rows(&c, s.job_id).await.len(), 2);
 }
+
+/// The caller's timer fires at the very moment the result arrives, on two connections, round
+/// after round. Whichever lands first, the result is never lost and nothing is ever `failed`:
+/// the result wins, and the timeout is either recorded before it or not at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_timeout_racing_the_result_never_loses_it() {
+    let db = Cluster::shared().fresh_db("timeout_race").await;
+    let c = db.connect().await;
+    let racers = db.connect_many(2, "timeout_race").await;
+    let mut timeout_first = 0;
+    for round in 0..20 {
+        let s = submit(&c, "oli", &format!("k{round}"), "p", &json!({}))
+            .await
+            .unwrap();
+        let a = begin(&c, s.job_id, None, "1 minute").await.unwrap();
+        let answers = stampede(&racers, |i, conn| {
+            let a = a.clone();
+            async move {
+                if i == 0 {
+                    mark_unknown(&conn, a.attempt_id, Some("timer"))
+                        .await
+                        .map(|_| "marked".to_string())
+                } else {
+                    complete(&conn, a.attempt_id, a.version, &json!({"round": round})).await
+                }
+            }
+        })
+        .await;
+        assert_eq!(answers[0].as_deref().unwrap(), "marked");
+        assert_eq!(answers[1].as_deref().unwrap(), "won", "round {round}");
+        let job = job_row(&c, s.job_id).await;
+        assert_eq!(
+            (job.state.as_str(), job.result),
+            ("succeeded", Some(json!({"round": round})))
+        );
+        assert_eq!(attempt_state(&c, a.attempt_id).await, "succeeded");
+        let kinds: Vec<String> = event_rows(&c, s.job_id)
+            .await
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        assert!(kinds.is_empty() || kinds == ["timeout"], "{kinds:?}");
+        timeout_first += kinds.len();
+    }
+    eprintln!("the timer landed first in {timeout_first} of 20 rounds");
+}
