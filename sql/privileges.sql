@@ -86,7 +86,9 @@ GRANT EXECUTE ON FUNCTION
     intent.abandon_attempt(uuid, text),
     intent.sweep()
   TO intent_operator;
-GRANT SELECT ON intent.jobs, intent.attempts, intent.events, intent.contracts, intent.certifications
+GRANT SELECT ON intent.jobs, intent.attempts, intent.events, intent.contracts, intent.certifications,
+                intent.jobs_by_state, intent.attempts_to_reconcile, intent.lost_races,
+                intent.certifications_expiring
   TO intent_operator;
 
 GRANT EXECUTE ON FUNCTION

@@ -92,6 +92,11 @@ extension_sql_file!(
         contract::validate_result_core,
     ]
 );
+extension_sql_file!(
+    "../../sql/views.sql",
+    name = "views",
+    requires = ["attempts", "contracts", "isolation"]
+);
 extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);
 
 /// Required by `cargo pgrx test`.
