@@ -20,6 +20,7 @@ pub const MAX_REASON_CHARS: usize = 1000;
 pub fn required<T>(name: &str, value: Option<T>) -> Answer<T> {
     value.ok_or_else(|| {
         Refusal::bad_input(format!("{name} must not be NULL"))
+            .detail(format!("The call passed NULL for {name}."))
             .hint(format!("Pass a value for {name}."))
     })
 }

@@ -487,9 +487,8 @@ async fn null_arguments_are_22023() {
 }
 
 /// SPEC § Errors: *every* refusal carries a DETAIL with the facts. The NULL-argument refusals
-/// (extension/src/input.rs `required`) have a message and a HINT but no DETAIL.
+/// (extension/src/input.rs `required`) say which argument was NULL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "extension bug: NULL-argument refusals (22023) carry no DETAIL"]
 async fn null_argument_refusals_carry_a_detail() {
     let db = Cluster::shared().fresh_db("sqlstate_null_detail").await;
     let c = db.connect().await;
