@@ -252,6 +252,81 @@ pub async fn sweep(db: &(impl Executor + ?Sized)) -> Result<u64, Error> {
     Ok(u64::try_from(n).unwrap_or(0))
 }
 
+/// `intent.define_contract`: defines what a job's result must satisfy — a JSON Schema (draft
+/// 2020-12) and optionally a checker, a SQL function `(jsonb) → boolean` named by its signature
+/// (e.g. `"app.image_is_usable(jsonb)"`). Returns the contract's version: the same definition
+/// again keeps it, another one bumps it (and retires certifications earned on the old one).
+///
+/// An administrator's call (the checker runs with the extension owner's rights).
+pub async fn define_contract(
+    db: &(impl Executor + ?Sized),
+    name: &str,
+    output_schema: &(impl Serialize + ?Sized),
+    checker: Option<&str>,
+) -> Result<i32, Error> {
+    let schema = JsonArg::new(output_schema)?;
+    let row = query_one(
+        db,
+        Call::DefineContract,
+        &[&name, &schema, &checker],
+        Context::default(),
+    )
+    .await?;
+    get(&row, 0)
+}
+
+/// `intent.certify_provider`: records that `provider` passed the contract's tests (`evidence`:
+/// inputs, pass/fail per case, settings), valid for `valid_for` (the SQL default is 30 days).
+/// Returns when the certification expires. While it is current, a job with that contract may
+/// fail over to the provider.
+pub async fn certify_provider(
+    db: &(impl Executor + ?Sized),
+    provider: &str,
+    contract: &str,
+    evidence: &(impl Serialize + ?Sized),
+    valid_for: Duration,
+) -> Result<SystemTime, Error> {
+    let evidence = JsonArg::new(evidence)?;
+    let valid_for = IntervalArg::new(valid_for);
+    let row = query_one(
+        db,
+        Call::CertifyProvider,
+        &[&provider, &contract, &evidence, &valid_for],
+        Context {
+            provider: Some(provider),
+            ..Context::default()
+        },
+    )
+    .await?;
+    get(&row, 0)
+}
+
+/// `intent.revoke_certification`: withdraws a provider's current certification for a contract;
+/// new failovers to it are refused. `false` when there was none.
+pub async fn revoke_certification(
+    db: &(impl Executor + ?Sized),
+    provider: &str,
+    contract: &str,
+    why: &str,
+) -> Result<bool, Error> {
+    let why = if why.is_empty() {
+        Some(why)
+    } else {
+        reason(Some(why))
+    };
+    let row = query_one(
+        db,
+        Call::RevokeCertification,
+        &[&provider, &contract, &why],
+        Context {
+            provider: Some(provider),
+            ..Context::default()
+        },
+    )
+    .await?;
+    get(&row, 0)
+}
+
 fn decode_value(row: &Row, idx: usize) -> Result<Option<serde_json::Value>, Error> {
     get::<Option<RawJson>>(row, idx)?
         .map(|r| r.decode())

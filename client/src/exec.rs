@@ -43,6 +43,12 @@ pub enum Call {
     GetAttempt,
     /// Reads the `unknown` rows of `intent.attempts`, oldest first.
     UnknownAttempts,
+    /// `intent.define_contract`.
+    DefineContract,
+    /// `intent.certify_provider`.
+    CertifyProvider,
+    /// `intent.revoke_certification`.
+    RevokeCertification,
 }
 
 /// The start of the `intent.attempts` reads: the columns [`crate::AttemptRecord`] is read from.
@@ -55,7 +61,7 @@ macro_rules! select_attempts {
 
 impl Call {
     /// Every call, in the order of their cache slots.
-    pub const ALL: [Call; 12] = [
+    pub const ALL: [Call; 15] = [
         Call::SubmitJob,
         Call::BeginAttempt,
         Call::CompleteAttempt,
@@ -68,6 +74,9 @@ impl Call {
         Call::GetJob,
         Call::GetAttempt,
         Call::UnknownAttempts,
+        Call::DefineContract,
+        Call::CertifyProvider,
+        Call::RevokeCertification,
     ];
 
     /// The SQL text. Enum results are cast to `text` so that preparing needs no look-up of the
@@ -99,6 +108,11 @@ impl Call {
                 select_attempts!(),
                 "WHERE state = 'unknown' ORDER BY started_at, id LIMIT $1"
             ),
+            // The checker is named by its signature; an unknown one is an error (42883),
+            // never silently no checker.
+            Call::DefineContract => "SELECT intent.define_contract($1, $2, $3::regprocedure)",
+            Call::CertifyProvider => "SELECT intent.certify_provider($1, $2, $3, $4)",
+            Call::RevokeCertification => "SELECT intent.revoke_certification($1, $2, $3)",
         }
     }
 
@@ -121,6 +135,9 @@ impl Call {
             Call::Sweep => &[],
             Call::GetJob | Call::GetAttempt => &[Type::UUID],
             Call::UnknownAttempts => &[Type::INT8],
+            Call::DefineContract => &[Type::TEXT, Type::JSONB, Type::TEXT],
+            Call::CertifyProvider => &[Type::TEXT, Type::TEXT, Type::JSONB, Type::INTERVAL],
+            Call::RevokeCertification => &[Type::TEXT, Type::TEXT, Type::TEXT],
         }
     }
 

@@ -6,7 +6,8 @@
 //!
 //! * **One function per SQL function**, typed end to end: [`submit_job`], [`begin_attempt`],
 //!   [`complete_attempt`], [`fail_attempt`], [`mark_unknown`], [`heartbeat`],
-//!   [`abandon_attempt`], [`cancel_job`], [`sweep`]. Ids are [`Uuid`]s, states are enums
+//!   [`abandon_attempt`], [`cancel_job`], [`sweep`], and for administrators
+//!   [`define_contract`], [`certify_provider`], [`revoke_certification`]. Ids are [`Uuid`]s, states are enums
 //!   ([`JobState`], [`AttemptState`], [`Completion`]), params and results are any
 //!   `Serialize` / `DeserializeOwned`. The fencing token is inside the [`Attempt`] handle that
 //!   [`begin_attempt`] returns, so a caller cannot present the wrong one.
@@ -106,8 +107,9 @@ mod types;
 mod worker;
 
 pub use calls::{
-    MAX_REASON_CHARS, abandon_attempt, begin_attempt, cancel_job, complete_attempt, fail_attempt,
-    get_attempt, get_job, heartbeat, mark_unknown, submit_job, sweep, unknown_attempts,
+    MAX_REASON_CHARS, abandon_attempt, begin_attempt, cancel_job, certify_provider,
+    complete_attempt, define_contract, fail_attempt, get_attempt, get_job, heartbeat, mark_unknown,
+    revoke_certification, submit_job, sweep, unknown_attempts,
 };
 pub use error::Error;
 pub use exec::{Cached, Call, Connection, Executor, StatementCache, Transaction};
