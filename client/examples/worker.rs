@@ -93,11 +93,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Failover::Stopped { attempt } => println!("told to stop {}", attempt.id()),
         Failover::Exhausted {
             failures,
+            rejected,
             not_certified,
             attempts_exhausted,
         } => println!(
-            "no provider left: failures {failures:?}, not certified {not_certified:?}, \
-             attempts exhausted {attempts_exhausted}"
+            "no provider left: failures {failures:?}, rejected {rejected:?}, \
+             not certified {not_certified:?}, attempts exhausted {attempts_exhausted}"
         ),
     }
     Ok(())

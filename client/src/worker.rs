@@ -104,11 +104,12 @@ pub enum Run<T, E> {
 #[derive(Debug, Clone, PartialEq)]
 #[must_use]
 pub enum Failover<T, E> {
-    /// An attempt produced a result and `complete_attempt` answered.
+    /// An attempt produced a result and `complete_attempt` answered `won` or `lost` (a
+    /// `rejected` result moves on to the next provider, like a retryable failure).
     Completed {
         /// The attempt (see [`Attempt::provider`]).
         attempt: Attempt,
-        /// The answer of the compare-and-swap.
+        /// `Won`, or `Lost` when another outcome stood first.
         completion: Completion,
         /// The result the work produced.
         result: T,
@@ -145,11 +146,14 @@ pub enum Failover<T, E> {
         /// Its terminal state (when known).
         state: Option<JobState>,
     },
-    /// No provider is left: each failed definitely (and retryably), was not certified for the
-    /// job's contract, or the job has used all its attempts.
+    /// No provider is left: each failed definitely (and retryably), returned a result the
+    /// job's contract rejected, or was not certified for the contract; or the job has used all
+    /// its attempts.
     Exhausted {
         /// The definite failures, by provider, in order.
         failures: Vec<(String, E)>,
+        /// The results the contract rejected, by provider, in order.
+        rejected: Vec<(String, T)>,
         /// The providers the gate refused as not certified.
         not_certified: Vec<String>,
         /// Whether `max_attempts` was reached.
@@ -269,6 +273,10 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
     /// before any work starts. The work is dropped — stopped — when the timeout fires or a
     /// heartbeat answers `false`; give the provider [`Attempt::id`] as its idempotency key so
     /// that a reconciler can ask it later what happened.
+    ///
+    /// If reporting the outcome fails (the connection broke), the error is returned and the
+    /// attempt stays `started`: its lease runs out, it counts as `unknown`, and a reconciler
+    /// resolves it from what the provider did — it is never retried behind its back.
     pub async fn run<T, E, F, Fut>(
         &self,
         job_id: Uuid,
@@ -363,7 +371,8 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
     }
 
     /// Runs the job on the first provider, and on the next one only when the gate allows: after
-    /// a definite, retryable failure, or when the gate refuses a provider as not certified.
+    /// a definite, retryable failure, a result the job's contract rejected, or when the gate
+    /// refuses a provider as not certified.
     ///
     /// An unknown outcome — this run's timeout, or an earlier attempt's — is answered as
     /// [`Failover::ReconcileFirst`], and no second attempt is begun: the first provider may still
@@ -382,6 +391,7 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
         Fut: Future<Output = Result<T, WorkError<E>>>,
     {
         let mut failures = Vec::new();
+        let mut rejected = Vec::new();
         let mut not_certified = Vec::new();
         for &provider in providers {
             let attempt = match begin_attempt(self.db, job_id, self.options(Some(provider))).await {
@@ -405,6 +415,7 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
                 Err(Error::AttemptsExhausted { .. }) => {
                     return Ok(Failover::Exhausted {
                         failures,
+                        rejected,
                         not_certified,
                         attempts_exhausted: true,
                     });
@@ -412,6 +423,13 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
                 Err(e) => return Err(e),
             };
             match self.drive(attempt, &mut work).await? {
+                Run::Completed {
+                    completion: Completion::Rejected,
+                    result,
+                    ..
+                } => {
+                    rejected.push((provider.to_string(), result));
+                }
                 Run::Completed {
                     attempt,
                     completion,
@@ -453,6 +471,7 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
         }
         Ok(Failover::Exhausted {
             failures,
+            rejected,
             not_certified,
             attempts_exhausted: false,
         })

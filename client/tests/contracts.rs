@@ -237,3 +237,72 @@ async fn failover_to_a_certified_provider() {
         "{err:?}"
     );
 }
+
+/// A result the contract rejects is a reason to fail over, like a retryable failure.
+#[tokio::test]
+async fn a_rejected_result_fails_over() {
+    let t = TestDb::new().await;
+    let db = t.conn().await;
+    if !has_contracts(&db).await {
+        return;
+    }
+    intent::define_contract(&db, "images-v1", &image_schema(), None)
+        .await
+        .unwrap();
+    intent::certify_provider(
+        &db,
+        "gpu-b",
+        "images-v1",
+        &json!({"ok": true}),
+        Duration::from_secs(3600),
+    )
+    .await
+    .unwrap();
+    let worker = Worker::new(&db, Duration::from_secs(10)).lease(Duration::from_millis(300));
+    let work = |attempt: intent::Attempt| async move {
+        if attempt.provider() == Some("gpu-a") {
+            Ok::<_, WorkError<Value>>(json!({"link": "not what the contract wants"}))
+        } else {
+            Ok(json!({"url": "s3://gpu-b/fox.png"}))
+        }
+    };
+
+    let s: Submitted<Value> = intent::submit_job(
+        &db,
+        &NewJob::new("alice", "r-1", "gpu-a", &json!({})).contract("images-v1"),
+    )
+    .await
+    .unwrap();
+    let out = worker
+        .run_failover(s.job_id, &["gpu-a", "gpu-b"], work)
+        .await
+        .unwrap();
+    assert!(
+        matches!(&out, Failover::Completed { attempt, completion: Completion::Won, .. } if attempt.provider() == Some("gpu-b")),
+        "{out:?}"
+    );
+
+    // Only rejections: exhausted, with the rejected results.
+    let s: Submitted<Value> = intent::submit_job(
+        &db,
+        &NewJob::new("alice", "r-2", "gpu-a", &json!({})).contract("images-v1"),
+    )
+    .await
+    .unwrap();
+    let out = worker
+        .run_failover(s.job_id, &["gpu-a", "gpu-a"], work)
+        .await
+        .unwrap();
+    let Failover::Exhausted {
+        rejected, failures, ..
+    } = out
+    else {
+        panic!("{out:?}")
+    };
+    assert!(failures.is_empty());
+    assert_eq!(rejected.len(), 2);
+    assert_eq!(
+        intent::get_job(&db, s.job_id).await.unwrap().unwrap().state,
+        JobState::Pending
+    );
+}

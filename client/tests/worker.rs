@@ -322,6 +322,7 @@ async fn failover_moves_on_only_when_the_gate_allows() {
     match out {
         Failover::Exhausted {
             failures,
+            rejected,
             not_certified,
             attempts_exhausted,
         } => {
@@ -329,6 +330,7 @@ async fn failover_moves_on_only_when_the_gate_allows() {
                 failures,
                 vec![("gpu-a".to_string(), json!({"status": 503}))]
             );
+            assert!(rejected.is_empty());
             assert_eq!(not_certified, ["gpu-b"]);
             assert!(!attempts_exhausted);
         }
