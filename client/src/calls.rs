@@ -327,6 +327,19 @@ pub async fn revoke_certification(
     get(&row, 0)
 }
 
+/// Binds the current transaction to one owner (`SET LOCAL intent.owner_id`): until it ends,
+/// every call sees and acts on that owner's jobs only — another owner's job is
+/// [`Error::NotFound`], and [`submit_job`] for another owner is refused (`42501`).
+///
+/// For a trusted gateway that serves many owners over pooled connections: call it first in
+/// each request's [`crate::Transaction`]. The setting ends with the transaction, so the pooled
+/// connection goes back unbound; outside a transaction it would last for one statement only.
+/// Only superusers and roles granted `SET ON PARAMETER intent.owner_id` may bind (else `42501`).
+pub async fn bind_owner(db: &(impl Executor + ?Sized), owner_id: &str) -> Result<(), Error> {
+    query_one(db, Call::BindOwner, &[&owner_id], Context::default()).await?;
+    Ok(())
+}
+
 fn decode_value(row: &Row, idx: usize) -> Result<Option<serde_json::Value>, Error> {
     get::<Option<RawJson>>(row, idx)?
         .map(|r| r.decode())

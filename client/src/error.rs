@@ -253,8 +253,9 @@ impl Error {
     }
 
     /// The HTTP status the SPEC pairs with the error, for services that pass it on: 422, 409,
-    /// 404 and 400 for the refusals, 503 for a connection error or a serialization failure
-    /// (retry), 500 otherwise.
+    /// 404 and 400 for the refusals, 403 for a missing privilege (`42501`, e.g. a submit for
+    /// another owner than the one the session is bound to), 503 for a connection error or a
+    /// serialization failure (retry), 500 otherwise.
     pub fn http_status(&self) -> u16 {
         match self {
             Error::IdempotencyConflict { .. } | Error::ProviderNotCertified { .. } => 422,
@@ -266,6 +267,7 @@ impl Error {
             Error::InvalidInput { .. } | Error::Serialize(_) => 400,
             Error::Connection { .. } => 503,
             _ if self.is_retryable() => 503,
+            _ if self.code() == Some("42501") => 403,
             _ => 500,
         }
     }

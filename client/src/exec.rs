@@ -49,6 +49,8 @@ pub enum Call {
     CertifyProvider,
     /// `intent.revoke_certification`.
     RevokeCertification,
+    /// Binds the transaction to one owner (`set_config('intent.owner_id', …, true)`).
+    BindOwner,
 }
 
 /// The start of the `intent.attempts` reads: the columns [`crate::AttemptRecord`] is read from.
@@ -61,7 +63,7 @@ macro_rules! select_attempts {
 
 impl Call {
     /// Every call, in the order of their cache slots.
-    pub const ALL: [Call; 15] = [
+    pub const ALL: [Call; 16] = [
         Call::SubmitJob,
         Call::BeginAttempt,
         Call::CompleteAttempt,
@@ -77,6 +79,7 @@ impl Call {
         Call::DefineContract,
         Call::CertifyProvider,
         Call::RevokeCertification,
+        Call::BindOwner,
     ];
 
     /// The SQL text. Enum results are cast to `text` so that preparing needs no look-up of the
@@ -113,6 +116,7 @@ impl Call {
             Call::DefineContract => "SELECT intent.define_contract($1, $2, $3::regprocedure)",
             Call::CertifyProvider => "SELECT intent.certify_provider($1, $2, $3, $4)",
             Call::RevokeCertification => "SELECT intent.revoke_certification($1, $2, $3)",
+            Call::BindOwner => "SELECT pg_catalog.set_config('intent.owner_id', $1, true)",
         }
     }
 
@@ -138,6 +142,7 @@ impl Call {
             Call::DefineContract => &[Type::TEXT, Type::JSONB, Type::TEXT],
             Call::CertifyProvider => &[Type::TEXT, Type::TEXT, Type::JSONB, Type::INTERVAL],
             Call::RevokeCertification => &[Type::TEXT, Type::TEXT, Type::TEXT],
+            Call::BindOwner => &[Type::TEXT],
         }
     }
 

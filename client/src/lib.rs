@@ -45,7 +45,8 @@
 //! stays usable. To run the calls on anything else (another pool), implement [`Executor`].
 //!
 //! A call made with a transaction runs inside it: a job submitted there becomes visible only
-//! when the transaction commits. The [`Worker`] needs a connection outside any transaction, since
+//! when the transaction commits. A gateway serving many owners on pooled connections binds each
+//! request's transaction to its owner with [`bind_owner`]. The [`Worker`] needs a connection outside any transaction, since
 //! its heartbeats must commit to extend the lease.
 //!
 //! # Example
@@ -107,7 +108,7 @@ mod types;
 mod worker;
 
 pub use calls::{
-    MAX_REASON_CHARS, abandon_attempt, begin_attempt, cancel_job, certify_provider,
+    MAX_REASON_CHARS, abandon_attempt, begin_attempt, bind_owner, cancel_job, certify_provider,
     complete_attempt, define_contract, fail_attempt, get_attempt, get_job, heartbeat, mark_unknown,
     revoke_certification, submit_job, sweep, unknown_attempts,
 };

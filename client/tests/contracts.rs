@@ -1,7 +1,9 @@
-//! Contracts, certifications and certified failover through the client.
+//! Contracts, certifications and certified failover through the client; and binding a
+//! transaction to one owner.
 //!
-//! These need an extension with SPEC § Contracts and failover (`intent.define_contract` …); on
-//! an older installed build each test says so on stderr and returns.
+//! These need an extension with SPEC § Contracts and failover (`intent.define_contract` …) and
+//! owner isolation (`intent.bound_owner`); on an older installed build each test says so on
+//! stderr and returns. `PG_INTENT_PG_BIN` runs them against a packaged build.
 
 mod common;
 
@@ -305,4 +307,55 @@ async fn a_rejected_result_fails_over() {
         intent::get_job(&db, s.job_id).await.unwrap().unwrap().state,
         JobState::Pending
     );
+}
+
+/// A gateway binds each request's transaction to its owner.
+#[tokio::test]
+async fn a_bound_transaction_sees_one_owner() {
+    let t = TestDb::new().await;
+    let mut db = t.conn().await;
+    let has_isolation: bool = db
+        .query_one("SELECT to_regproc('intent.bound_owner') IS NOT NULL", &[])
+        .await
+        .unwrap()
+        .get(0);
+    if !has_isolation {
+        eprintln!("skipped: the installed pg_intent has no owner isolation (intent.bound_owner)");
+        return;
+    }
+    let bob: Submitted<Value> =
+        intent::submit_job(&db, &NewJob::new("bob", "k", "gpu-a", &json!({})))
+            .await
+            .unwrap();
+
+    let tx = db.transaction().await.unwrap();
+    intent::bind_owner(&tx, "alice").await.unwrap();
+    let mine: Submitted<Value> =
+        intent::submit_job(&tx, &NewJob::new("alice", "k", "gpu-a", &json!({})))
+            .await
+            .unwrap();
+    assert!(mine.created);
+    // Bob's job does not exist for a transaction bound to alice, even by its id.
+    let err = intent::begin_attempt(&tx, bob.job_id, BeginOptions::new())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::NotFound { id, .. } if *id == bob.job_id),
+        "{err:?}"
+    );
+    tx.rollback().await.unwrap();
+
+    let tx = db.transaction().await.unwrap();
+    intent::bind_owner(&tx, "alice").await.unwrap();
+    let err = intent::submit_job::<Value>(&tx, &NewJob::new("bob", "k2", "gpu-a", &json!({})))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("42501"), "{err:?}");
+    assert_eq!(err.http_status(), 403);
+    tx.rollback().await.unwrap();
+
+    // The binding ended with the transaction.
+    intent::begin_attempt(&db, bob.job_id, BeginOptions::new())
+        .await
+        .unwrap();
 }

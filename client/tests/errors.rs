@@ -334,6 +334,7 @@ async fn other_database_errors_keep_their_sqlstate() {
     let err = intent::sweep(&app).await.unwrap_err();
     assert!(matches!(&err, Error::Database { .. }), "{err:?}");
     assert_eq!(err.code(), Some("42501"));
+    assert_eq!(err.http_status(), 403);
 
     // A serialization failure: 40001, retryable.
     let mut other = t.conn().await;
