@@ -43,6 +43,8 @@
 //! connection's lifetime; concurrent first uses share one preparation. Preparing is not
 //! transactional in PostgreSQL, so a statement prepared inside a transaction that rolls back
 //! stays usable. To run the calls on anything else (another pool), implement [`Executor`].
+//! Behind PgBouncer in transaction pooling mode, named prepared statements need its
+//! prepared-statement support (`max_prepared_statements`, PgBouncer 1.21 or later).
 //!
 //! A call made with a transaction runs inside it: a job submitted there becomes visible only
 //! when the transaction commits. A gateway serving many owners on pooled connections binds each
@@ -158,6 +160,33 @@ pub fn attempt_no_of(id: Uuid) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Compiles only if the futures can be spawned on a multi-threaded runtime and the error
+    /// fits `Box<dyn Error + Send + Sync>`.
+    #[allow(dead_code)]
+    fn futures_are_send(db: &Connection, attempt: &Attempt, id: Uuid) {
+        fn send<T: Send>(_: T) {}
+        fn send_sync_static<T: Send + Sync + 'static>() {}
+        send_sync_static::<Error>();
+        let params = serde_json::json!({});
+        send(submit_job::<serde_json::Value>(
+            db,
+            &NewJob::new("o", "k", "p", &params),
+        ));
+        send(complete_attempt(db, attempt, &params));
+        let worker = Worker::new(db, std::time::Duration::from_secs(1));
+        send(worker.run(id, None, |_| async { Ok::<_, WorkError<()>>(()) }));
+        send(worker.run_failover(id, &["p"], |_| async { Ok::<_, WorkError<()>>(()) }));
+    }
+
+    #[cfg(feature = "deadpool")]
+    #[allow(dead_code)]
+    fn pooled_futures_are_send(obj: &deadpool_postgres::Object, id: Uuid) {
+        fn send<T: Send>(_: T) {}
+        send(sweep(obj));
+        let worker = Worker::new(obj, std::time::Duration::from_secs(1));
+        send(worker.run(id, None, |_| async { Ok::<_, WorkError<()>>(()) }));
+    }
 
     /// The SPEC's test vectors, through the client's typed API.
     #[test]
