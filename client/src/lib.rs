@@ -7,9 +7,9 @@
 //! * **One function per SQL function**, typed end to end: [`submit_job`], [`begin_attempt`],
 //!   [`complete_attempt`], [`fail_attempt`], [`mark_unknown`], [`heartbeat`],
 //!   [`abandon_attempt`], [`cancel_job`], [`sweep`], and for administrators
-//!   [`define_contract`], [`certify_provider`], [`revoke_certification`]. Ids are [`Uuid`]s, states are enums
-//!   ([`JobState`], [`AttemptState`], [`Completion`]), params and results are any
-//!   `Serialize` / `DeserializeOwned`. The fencing token is inside the [`Attempt`] handle that
+//!   [`define_contract`], [`certify_provider`], [`revoke_certification`]. Ids are [`Uuid`]s,
+//!   states are enums ([`JobState`], [`AttemptState`], [`Completion`]), params and results are
+//!   any `Serialize` / `DeserializeOwned`. The fencing token is inside the [`Attempt`] handle that
 //!   [`begin_attempt`] returns, so a caller cannot present the wrong one.
 //! * **Errors by SQLSTATE**: [`Error`] has a variant per `IJ0xx` code and for bad input
 //!   (`22023`), with the DETAIL's facts as fields; other database errors and connection errors
@@ -48,8 +48,11 @@
 //!
 //! A call made with a transaction runs inside it: a job submitted there becomes visible only
 //! when the transaction commits. A gateway serving many owners on pooled connections binds each
-//! request's transaction to its owner with [`bind_owner`]. The [`Worker`] needs a connection outside any transaction, since
-//! its heartbeats must commit to extend the lease.
+//! request's transaction to its owner with [`bind_owner`]. The [`Worker`] needs a connection
+//! outside any transaction, since its heartbeats must commit to extend the lease.
+//!
+//! Tables are read by [`get_job`], [`get_attempt`] and [`unknown_attempts`] (a reconciler's work
+//! list); they need `SELECT` on `intent.jobs` / `intent.attempts` (an operator's role).
 //!
 //! # Example
 //!
