@@ -253,9 +253,10 @@ impl Error {
     }
 
     /// The HTTP status the SPEC pairs with the error, for services that pass it on: 422, 409,
-    /// 404 and 400 for the refusals, 403 for a missing privilege (`42501`, e.g. a submit for
-    /// another owner than the one the session is bound to), 503 for a connection error or a
-    /// serialization failure (retry), 500 otherwise.
+    /// 404 and 400 for the refusals, 400 for any other data exception (SQLSTATE class `22`),
+    /// 403 for a missing privilege (`42501`, e.g. a submit for another owner than the one the
+    /// session is bound to), 503 for a connection error or a serialization failure (retry),
+    /// 500 otherwise.
     pub fn http_status(&self) -> u16 {
         match self {
             Error::IdempotencyConflict { .. } | Error::ProviderNotCertified { .. } => 422,
@@ -268,6 +269,9 @@ impl Error {
             Error::Connection { .. } => 503,
             _ if self.is_retryable() => 503,
             _ if self.code() == Some("42501") => 403,
+            // Other data exceptions are bad input too: a NUL byte in a text (22021), a \u0000
+            // in a JSON string that jsonb cannot store (22P05), …
+            _ if self.code().is_some_and(|c| c.starts_with("22")) => 400,
             _ => 500,
         }
     }

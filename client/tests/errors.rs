@@ -290,6 +290,27 @@ async fn invalid_input_22023_writes_nothing() {
         assert_eq!(err.code(), Some("22023"));
         assert_eq!(err.http_status(), 400);
     }
+    // Too large a document (over 1 MiB): store blobs elsewhere.
+    let huge = json!({"blob": "x".repeat(1_100_000)});
+    let err = intent::submit_job::<Value>(&db, &NewJob::new("o", "huge", "p", &huge))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidInput { .. }), "{err:?}");
+
+    // Other data exceptions stay database errors with their SQLSTATE, and are still bad input.
+    let err = intent::submit_job::<Value>(&db, &NewJob::new("o\0", "k", "p", &json!({})))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Database { .. }), "{err:?}");
+    assert_eq!(err.code(), Some("22021"));
+    assert_eq!(err.http_status(), 400);
+    let err =
+        intent::submit_job::<Value>(&db, &NewJob::new("o", "nul", "p", &json!({"s": "a\u{0}b"})))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Some("22P05"), "{err:?}");
+    assert_eq!(err.http_status(), 400);
+
     let jobs: i64 = db
         .query_one("SELECT count(*) FROM intent.jobs", &[])
         .await
