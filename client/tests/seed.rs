@@ -284,3 +284,68 @@ async fn racing_completions_have_one_winner() {
         assert_eq!(won, 1, "round {round}");
     }
 }
+
+/// Concurrent begins on one job: at most one succeeds; the others see it in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_begins_let_one_through() {
+    let t = TestDb::new().await;
+    let db = t.conn().await;
+    let s: Submitted<Value> = intent::submit_job(
+        &db,
+        &NewJob::new("alice", "begin-race", "gpu-a", &json!({})),
+    )
+    .await
+    .unwrap();
+    let n = 16;
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let c = t.conn().await;
+        let barrier = barrier.clone();
+        tasks.spawn(async move {
+            barrier.wait().await;
+            intent::begin_attempt(&c, s.job_id, BeginOptions::new()).await
+        });
+    }
+    let (mut ok, mut in_flight) = (0, 0);
+    while let Some(r) = tasks.join_next().await {
+        match r.unwrap() {
+            Ok(a) => {
+                ok += 1;
+                assert_eq!(a.attempt_no(), 1);
+            }
+            Err(Error::AttemptInFlight { .. }) => in_flight += 1,
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert_eq!((ok, in_flight), (1, n - 1));
+}
+
+/// A started attempt whose lease ran out (never swept) may still win: its work happened.
+#[tokio::test]
+async fn a_lapsed_attempt_that_reports_first_still_wins() {
+    let t = TestDb::new().await;
+    let db = t.conn().await;
+    let s: Submitted<Value> =
+        intent::submit_job(&db, &NewJob::new("alice", "lapsed", "gpu-a", &json!({})))
+            .await
+            .unwrap();
+    let a = intent::begin_attempt(
+        &db,
+        s.job_id,
+        BeginOptions::new().lease(Duration::from_millis(50)),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(
+        intent::complete_attempt(&db, &a, &json!({"url": "s3://x"}))
+            .await
+            .unwrap(),
+        Completion::Won
+    );
+    assert_eq!(
+        intent::get_job(&db, s.job_id).await.unwrap().unwrap().state,
+        JobState::Succeeded
+    );
+}
