@@ -530,3 +530,36 @@ async fn shared_executors() {
     let r = &db;
     assert_eq!(intent::sweep(&r).await.unwrap(), 0);
 }
+
+/// A savepoint inside the business transaction: its submit rolls back alone.
+#[tokio::test]
+async fn savepoints_share_the_statements() {
+    let t = TestDb::new().await;
+    let mut db = t.conn().await;
+    let (p1, p2) = (json!(1), json!(2));
+    let mut tx = db.transaction().await.unwrap();
+    let _: Submitted<Value> = intent::submit_job(&tx, &NewJob::new("o", "outer", "p", &p1))
+        .await
+        .unwrap();
+    {
+        let sp = tx.transaction().await.unwrap();
+        let _: Submitted<Value> = intent::submit_job(&sp, &NewJob::new("o", "inner", "p", &p2))
+            .await
+            .unwrap();
+        sp.rollback().await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    assert!(
+        intent::get_job(&db, intent::job_id("o", "outer").unwrap())
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        intent::get_job(&db, intent::job_id("o", "inner").unwrap())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(prepared(&db, "intent.submit_job").await, 1);
+}
