@@ -11,20 +11,25 @@
 --      intent_admin     intent_operator, plus contracts and certifications
 -- Roles are cluster-wide: they are created once and kept when the extension is dropped.
 
+-- CREATE EXTENSION may run in several databases of one cluster at once, and roles are
+-- cluster-wide: the loser of a creation race finds the role there, which is just as good.
 DO $roles$
+DECLARE
+    r record;
 BEGIN
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'intent_owner') THEN
-        CREATE ROLE intent_owner NOLOGIN NOSUPERUSER NOBYPASSRLS;
-    END IF;
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'intent_app') THEN
-        CREATE ROLE intent_app NOLOGIN;
-    END IF;
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'intent_operator') THEN
-        CREATE ROLE intent_operator NOLOGIN IN ROLE intent_app;
-    END IF;
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'intent_admin') THEN
-        CREATE ROLE intent_admin NOLOGIN IN ROLE intent_operator;
-    END IF;
+    FOR r IN VALUES ('intent_owner', 'NOLOGIN NOSUPERUSER NOBYPASSRLS'),
+                    ('intent_app', 'NOLOGIN'),
+                    ('intent_operator', 'NOLOGIN IN ROLE intent_app'),
+                    ('intent_admin', 'NOLOGIN IN ROLE intent_operator')
+    LOOP
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = r.column1) THEN
+            BEGIN
+                EXECUTE format('CREATE ROLE %I %s', r.column1, r.column2);
+            EXCEPTION WHEN duplicate_object OR unique_violation THEN
+                NULL;
+            END;
+        END IF;
+    END LOOP;
 END
 $roles$;
 COMMENT ON ROLE intent_owner IS 'pg_intent: owns the intent schema; its functions run as it. Not for logging in.';
