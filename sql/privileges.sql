@@ -17,14 +17,21 @@ DO $roles$
 DECLARE
     r record;
 BEGIN
-    FOR r IN VALUES ('intent_owner', 'NOLOGIN NOSUPERUSER NOBYPASSRLS'),
-                    ('intent_app', 'NOLOGIN'),
-                    ('intent_operator', 'NOLOGIN IN ROLE intent_app'),
-                    ('intent_admin', 'NOLOGIN IN ROLE intent_operator')
+    FOR r IN VALUES
+        ('intent_owner', 'NOLOGIN NOSUPERUSER NOBYPASSRLS',
+         'pg_intent: owns the intent schema; its functions run as it. Not for logging in.'),
+        ('intent_app', 'NOLOGIN',
+         'pg_intent: the calls an application needs (submit, attempts, cancel, ids).'),
+        ('intent_operator', 'NOLOGIN IN ROLE intent_app',
+         'pg_intent: intent_app plus abandon_attempt, sweep and reading the tables.'),
+        ('intent_admin', 'NOLOGIN IN ROLE intent_operator',
+         'pg_intent: intent_operator plus contracts and certifications.')
     LOOP
         IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = r.column1) THEN
             BEGIN
                 EXECUTE format('CREATE ROLE %I %s', r.column1, r.column2);
+                -- Only the creator comments: comments on shared objects race too.
+                EXECUTE format('COMMENT ON ROLE %I IS %L', r.column1, r.column3);
             EXCEPTION WHEN duplicate_object OR unique_violation THEN
                 NULL;
             END;
@@ -32,10 +39,6 @@ BEGIN
     END LOOP;
 END
 $roles$;
-COMMENT ON ROLE intent_owner IS 'pg_intent: owns the intent schema; its functions run as it. Not for logging in.';
-COMMENT ON ROLE intent_app IS 'pg_intent: the calls an application needs (submit, attempts, cancel, ids).';
-COMMENT ON ROLE intent_operator IS 'pg_intent: intent_app plus abandon_attempt, sweep and reading the tables.';
-COMMENT ON ROLE intent_admin IS 'pg_intent: intent_operator plus contracts and certifications.';
 
 -- Hand every member of the extension to intent_owner.
 DO $owner$
