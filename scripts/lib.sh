@@ -25,15 +25,17 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 # Debian packages: the server, its headers (pgrx bindgen, pg_regress, pg_isolation_regress),
 # clang for bindgen, sudo because cargo-pgrx shells out to it.
 install_packages() {
-  local want=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR libclang-dev clang sudo pkg-config libssl-dev)
+  local want=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR libclang-dev clang sudo)
   local missing=()
   for p in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if [ ${#missing[@]} -gt 0 ]; then
-    log "installing Debian packages: ${missing[*]}"
+    # Always name the whole set: installing the headers alone could leave the server at an
+    # older minor version than the headers the extension is built against.
+    log "installing Debian packages (missing: ${missing[*]})"
     as_root apt-get update -q
-    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q "${missing[@]}"
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q "${want[@]}"
   fi
   # The Debian package starts a cluster of its own on 5432; we never use it.
   [ -x "$PG_BIN/initdb" ] || die "initdb not found in $PG_BIN"
