@@ -200,6 +200,24 @@ AS $$ SELECT intent._sweep() $$;
 COMMENT ON FUNCTION intent.sweep() IS
     'Persists started -> unknown for every attempt past its deadline, logging a timeout event for each; returns how many. Optional: the deadline rule holds whether or not it runs.';
 
+CREATE FUNCTION intent.purge(older_than interval DEFAULT NULL, batch_size integer DEFAULT 1000)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, intent, pg_temp
+AS $$
+DECLARE
+    r record;
+BEGIN
+    SELECT * INTO r FROM intent._purge($1, $2);
+    IF r.err_code IS NOT NULL THEN
+        PERFORM intent._refuse(r.err_code, r.err_message, r.err_detail, r.err_hint);
+    END IF;
+    RETURN r.purged;
+END
+$$;
+COMMENT ON FUNCTION intent.purge(interval, integer) IS
+    'Removes up to batch_size finished jobs (succeeded, failed, cancelled) created and last changed more than older_than ago (default: the setting intent.retention), with their attempts and events; returns how many. Never touches an open job, nor one locked right now. After a purge the same key creates a new job.';
+
 COMMENT ON FUNCTION intent.job_id(text, text) IS
     'The job id of an intent: SHA-256(owner_id || 0x00 || idempotency_key), first 16 bytes, UUID version 8 and RFC 9562 variant, last two bytes zero.';
 COMMENT ON FUNCTION intent.attempt_id(uuid, integer) IS
@@ -215,3 +233,4 @@ COMMENT ON FUNCTION intent._heartbeat(uuid, interval) IS 'Internal core of inten
 COMMENT ON FUNCTION intent._abandon_attempt(uuid, text) IS 'Internal core of intent.abandon_attempt: returns refusals instead of raising them.';
 COMMENT ON FUNCTION intent._cancel_job(uuid, text) IS 'Internal core of intent.cancel_job: returns refusals instead of raising them.';
 COMMENT ON FUNCTION intent._sweep() IS 'Internal core of intent.sweep.';
+COMMENT ON FUNCTION intent._purge(interval, integer) IS 'Internal core of intent.purge.';

@@ -81,5 +81,10 @@ COMMENT ON CONSTRAINT jobs_id_derived ON intent.jobs IS
 COMMENT ON CONSTRAINT jobs_completed_by_when_decided ON intent.jobs IS
     'An outcome stands (completed_by) exactly when the job succeeded or failed.';
 
+-- For intent.purge(): finished jobs are found by age. BRIN because created_at only grows and
+-- never changes, so the index costs next to nothing to keep and never blocks HOT updates.
+CREATE INDEX jobs_created_at ON intent.jobs USING brin (created_at);
+COMMENT ON INDEX intent.jobs_created_at IS 'Finds old jobs for intent.purge(); BRIN, cheap to maintain.';
+
 -- Rows are written by the extension's functions and kept by pg_dump.
 SELECT pg_catalog.pg_extension_config_dump('intent.jobs', '');

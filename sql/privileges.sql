@@ -92,7 +92,8 @@ GRANT EXECUTE ON FUNCTION
 
 GRANT EXECUTE ON FUNCTION
     intent.abandon_attempt(uuid, text),
-    intent.sweep()
+    intent.sweep(),
+    intent.purge(interval, integer)
   TO intent_operator;
 GRANT SELECT ON intent.jobs, intent.attempts, intent.events, intent.contracts, intent.certifications,
                 intent.jobs_by_state, intent.attempts_to_reconcile, intent.lost_races,

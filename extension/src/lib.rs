@@ -18,7 +18,16 @@ use pgrx::prelude::*;
 /// call (or row-level security policy) can read it.
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    // pgrx appends a Rust backtrace to the DETAIL of every PostgreSQL error that crosses Rust
+    // (a serialization failure, a deadlock…) when backtraces are enabled in the server's
+    // environment, e.g. by a RUST_BACKTRACE=1 inherited from a shell. Clients would then get
+    // stack frames instead of PostgreSQL's own DETAIL. Off unless asked for explicitly.
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        // SAFETY: a backend is single-threaded, and this runs before anything reads the variable.
+        unsafe { std::env::set_var("RUST_LIB_BACKTRACE", "0") };
+    }
     owner::register();
+    purge::register();
 }
 
 mod begin;
@@ -32,6 +41,7 @@ mod jsonb;
 mod lease;
 mod owner;
 mod plans;
+mod purge;
 mod refusal;
 mod submit;
 
@@ -78,6 +88,7 @@ extension_sql_file!(
         lease::sweep_core,
         decisions::abandon_attempt_core,
         decisions::cancel_job_core,
+        purge::purge_core,
     ]
 );
 extension_sql_file!(

@@ -1,0 +1,116 @@
+//! Retention: `purge` removes finished jobs, with their attempts and events, in bounded batches.
+//!
+//! Only terminal jobs (succeeded, failed, cancelled) are ever touched. After a purge the key is
+//! free again: the same (owner_id, idempotency_key) creates a new job. So the retention must be
+//! longer than any client's retry window.
+
+use crate::plans::{self, Statement};
+use crate::refusal::{Answer, Refusal, split};
+use pgrx::datum::Interval;
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::ffi::CString;
+
+static RETENTION: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+
+/// The most jobs one call removes: a purge must never hold many locks or one long transaction.
+const MAX_BATCH: i32 = 100_000;
+
+/// Registers `intent.retention`; called from `_PG_init`.
+pub fn register() {
+    GucRegistry::define_string_guc(
+        c"intent.retention",
+        c"How long finished jobs are kept before intent.purge() may remove them (an interval).",
+        c"Used when intent.purge() is called without a retention. Unset: purge needs an explicit one.",
+        &RETENTION,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+}
+
+/// Parses and checks the retention: positive, given or from the setting.
+static RETENTION_OK: Statement = Statement {
+    slot: 29,
+    sql: "SELECT r, r > interval '0' FROM (SELECT coalesce($1, nullif($2, '')::interval) AS r) s",
+    args: &[pg_sys::INTERVALOID, pg_sys::TEXTOID],
+};
+
+/// One batch: the oldest finished jobs past the retention that nobody is working on right now
+/// (SKIP LOCKED), with their events; attempts go with their job (ON DELETE CASCADE).
+static PURGE_BATCH: Statement = Statement {
+    slot: 30,
+    sql: "WITH doomed AS (
+              SELECT id FROM intent.jobs
+               WHERE created_at < statement_timestamp() - $1
+                 AND updated_at < statement_timestamp() - $1
+                 AND state IN ('succeeded', 'failed', 'cancelled')
+               ORDER BY created_at
+               LIMIT $2
+                 FOR UPDATE SKIP LOCKED),
+          e AS (
+              DELETE FROM intent.events e USING doomed d WHERE e.job_id = d.id),
+          j AS (
+              DELETE FROM intent.jobs j USING doomed d WHERE j.id = d.id RETURNING 1)
+          SELECT count(*) FROM j",
+    args: &[pg_sys::INTERVALOID, pg_sys::INT4OID],
+};
+
+/// Core of `intent.purge`: returns how many jobs were removed.
+#[pg_extern(name = "_purge", volatile, parallel_unsafe)]
+fn purge_core(
+    older_than: Option<Interval>,
+    batch_size: Option<i32>,
+) -> TableIterator<
+    'static,
+    (
+        name!(err_code, Option<String>),
+        name!(err_message, Option<String>),
+        name!(err_detail, Option<String>),
+        name!(err_hint, Option<String>),
+        name!(purged, Option<i64>),
+    ),
+> {
+    let ((code, message, detail, hint), ok) = split(purge(older_than, batch_size));
+    TableIterator::once((code, message, detail, hint, ok))
+}
+
+fn purge(older_than: Option<Interval>, batch_size: Option<i32>) -> Answer<i64> {
+    let batch_size = crate::input::required("batch_size", batch_size)?;
+    if !(1..=MAX_BATCH).contains(&batch_size) {
+        return Err(
+            Refusal::bad_input(format!("batch_size must be between 1 and {MAX_BATCH}"))
+                .detail(format!("batch_size is {batch_size}."))
+                .hint(
+                    "Call intent.purge() repeatedly (pg_cron does) rather than in one huge batch.",
+                ),
+        );
+    }
+    let setting = RETENTION.get().map(|c| c.to_string_lossy().into_owned());
+    Spi::connect_mut(|client| {
+        // A malformed intent.retention is rejected by PostgreSQL's own interval input (22007).
+        let row = plans::first(plans::run(
+            client,
+            &RETENTION_OK,
+            &[older_than.into(), setting.as_deref().into()],
+        ))
+        .expect("SELECT returns a row");
+        let Some(retention) = plans::get::<Interval>(&row, 1) else {
+            return Err(Refusal::bad_input("no retention given and intent.retention is not set")
+                .detail("intent.purge() removes finished jobs older than a retention, and none was given.")
+                .hint("Pass one, e.g. intent.purge('30 days'), or set intent.retention."));
+        };
+        if !plans::must::<bool>(&row, 2) {
+            return Err(Refusal::bad_input("the retention must be positive")
+                .detail(format!("The retention is {retention}."))
+                .hint("Keep finished jobs longer than any client's retry window: after a purge the same key creates a new job."));
+        }
+        let row = plans::first(plans::run(
+            client,
+            &PURGE_BATCH,
+            &[retention.into(), batch_size.into()],
+        ))
+        .expect("count(*) returns a row");
+        Ok(plans::must(&row, 1))
+    })
+}
