@@ -7,13 +7,13 @@
 CREATE TABLE intent.attempts (
     id            uuid                  NOT NULL,
     job_id        uuid                  NOT NULL,
-    owner_id      text                  NOT NULL,
-    attempt_no    integer               NOT NULL,
-    provider      text                  NOT NULL,
+    owner_id      intent.short_name     NOT NULL,
+    attempt_no    intent.attempt_number NOT NULL,
+    provider      intent.short_name     NOT NULL,
     state         intent.attempt_state  NOT NULL DEFAULT 'started',
-    version_read  bigint                NOT NULL,
-    worker        text,
-    lease         interval              NOT NULL,
+    version_read  intent.fencing_token  NOT NULL,
+    worker        intent.short_name,
+    lease         intent.lease          NOT NULL,
     started_at    timestamptz           NOT NULL DEFAULT now(),
     deadline      timestamptz           NOT NULL,
     finished_at   timestamptz,
@@ -23,18 +23,14 @@ CREATE TABLE intent.attempts (
     CONSTRAINT attempts_pkey PRIMARY KEY (id),
     CONSTRAINT attempts_job_fkey FOREIGN KEY (job_id) REFERENCES intent.jobs (id) ON DELETE CASCADE,
     CONSTRAINT attempts_job_attempt_no_unique UNIQUE (job_id, attempt_no),
-    CONSTRAINT attempts_attempt_no_range CHECK (attempt_no BETWEEN 1 AND 65535),
     -- The id names its job and its number, so logs can route on it alone.
     CONSTRAINT attempts_id_derived CHECK (id = intent.attempt_id(job_id, attempt_no)),
-    CONSTRAINT attempts_provider_length CHECK (char_length(provider) BETWEEN 1 AND 255),
-    CONSTRAINT attempts_worker_length CHECK (worker IS NULL OR char_length(worker) BETWEEN 1 AND 255),
-    CONSTRAINT attempts_lease_positive CHECK (lease > interval '0'),
     CONSTRAINT attempts_deadline_after_start CHECK (deadline > started_at),
     -- finished_at is when the attempt's own outcome arrived; an abandoned attempt has none yet.
     CONSTRAINT attempts_finished_when_final
-        CHECK ((finished_at IS NOT NULL) = (state IN ('succeeded', 'failed', 'discarded'))),
+        CHECK ((finished_at IS NOT NULL) = (state = 'succeeded' OR state = 'failed' OR state = 'discarded')),
     CONSTRAINT attempts_result_only_when_returned
-        CHECK (result IS NULL OR state IN ('succeeded', 'discarded', 'failed'))
+        CHECK (result IS NULL OR state = 'succeeded' OR state = 'discarded' OR state = 'failed')
 );
 
 -- The gate (SPEC rule 2): at most one open attempt per job.

@@ -7,7 +7,7 @@
 -- Both tables are small reference data, read on failover and on completion.
 
 CREATE TABLE intent.contracts (
-    name           text          NOT NULL,
+    name           intent.short_name NOT NULL,
     output_schema  jsonb         NOT NULL,
     checker        regprocedure,
     version        integer       NOT NULL DEFAULT 1,
@@ -15,7 +15,6 @@ CREATE TABLE intent.contracts (
     updated_at     timestamptz   NOT NULL DEFAULT now(),
 
     CONSTRAINT contracts_pkey PRIMARY KEY (name),
-    CONSTRAINT contracts_name_length CHECK (char_length(name) BETWEEN 1 AND 255),
     CONSTRAINT contracts_schema_is_object CHECK (jsonb_typeof(output_schema) IN ('object', 'boolean')),
     CONSTRAINT contracts_version_positive CHECK (version >= 1)
 );
@@ -33,8 +32,8 @@ COMMENT ON COLUMN intent.contracts.updated_at IS 'When the schema or checker las
 
 CREATE TABLE intent.certifications (
     id                bigint       GENERATED ALWAYS AS IDENTITY,
-    provider          text         NOT NULL,
-    contract          text         NOT NULL,
+    provider          intent.short_name NOT NULL,
+    contract          intent.short_name NOT NULL,
     contract_version  integer      NOT NULL,
     evidence          jsonb        NOT NULL,
     certified_at      timestamptz  NOT NULL DEFAULT statement_timestamp(),
@@ -44,7 +43,6 @@ CREATE TABLE intent.certifications (
 
     CONSTRAINT certifications_pkey PRIMARY KEY (id),
     CONSTRAINT certifications_contract_fkey FOREIGN KEY (contract) REFERENCES intent.contracts (name),
-    CONSTRAINT certifications_provider_length CHECK (char_length(provider) BETWEEN 1 AND 255),
     CONSTRAINT certifications_expires_after_certified CHECK (expires_at > certified_at),
     CONSTRAINT certifications_revocation_has_reason CHECK ((revoked_at IS NULL) = (revoked_reason IS NULL))
 );

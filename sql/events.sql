@@ -9,20 +9,12 @@ CREATE TABLE intent.events (
     id          bigint       GENERATED ALWAYS AS IDENTITY,
     at          timestamptz  NOT NULL DEFAULT statement_timestamp(),
     job_id      uuid         NOT NULL,
-    owner_id    text         NOT NULL,
+    owner_id    intent.short_name NOT NULL,
     attempt_id  uuid,
-    kind        text         NOT NULL,
+    kind        intent.event_kind NOT NULL,
     detail      jsonb        NOT NULL DEFAULT '{}',
 
     CONSTRAINT events_pkey PRIMARY KEY (id),
-    CONSTRAINT events_kind_known CHECK (kind IN (
-        'timeout',             -- an attempt became unknown: mark_unknown, or its lease ran out
-        'abandoned',           -- abandon_attempt: nobody waits for that attempt any more
-        'cancelled',           -- cancel_job: the owner withdrew the intent
-        'late_result',         -- a result lost the compare-and-swap (or came after a definite failure)
-        'late_failure',        -- a failure arrived after the job's outcome was decided
-        'contract_violation'   -- a result broke the job's contract and was rejected
-    )),
     CONSTRAINT events_attempt_of_job CHECK (attempt_id IS NULL OR intent.job_of(attempt_id) = job_id)
 );
 

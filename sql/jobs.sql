@@ -6,17 +6,17 @@
 
 CREATE TABLE intent.jobs (
     id              uuid                NOT NULL,
-    owner_id        text                NOT NULL,
-    idempotency_key text                NOT NULL,
-    provider        text                NOT NULL,
+    owner_id        intent.short_name   NOT NULL,
+    idempotency_key intent.short_name   NOT NULL,
+    provider        intent.short_name   NOT NULL,
     params          jsonb               NOT NULL,
-    contract        text,
+    contract        intent.short_name,
     state           intent.job_state    NOT NULL DEFAULT 'pending',
-    version         bigint              NOT NULL DEFAULT 1,
+    version         intent.fencing_token NOT NULL DEFAULT 1,
     completed_by    uuid,
     result          jsonb,
     error           jsonb,
-    max_attempts    integer             NOT NULL DEFAULT 3,
+    max_attempts    intent.attempt_number NOT NULL DEFAULT 3,
     attempt_count   integer             NOT NULL DEFAULT 0,
     created_at      timestamptz         NOT NULL DEFAULT now(),
     updated_at      timestamptz         NOT NULL DEFAULT now(),
@@ -26,17 +26,11 @@ CREATE TABLE intent.jobs (
     CONSTRAINT jobs_owner_key_unique UNIQUE (owner_id, idempotency_key),
     -- A hand-written INSERT cannot invent an id that other layers would not compute.
     CONSTRAINT jobs_id_derived CHECK (id = intent.job_id(owner_id, idempotency_key)),
-    CONSTRAINT jobs_owner_id_length CHECK (char_length(owner_id) BETWEEN 1 AND 255),
-    CONSTRAINT jobs_idempotency_key_length CHECK (char_length(idempotency_key) BETWEEN 1 AND 255),
-    CONSTRAINT jobs_provider_length CHECK (char_length(provider) BETWEEN 1 AND 255),
-    CONSTRAINT jobs_contract_length CHECK (contract IS NULL OR char_length(contract) BETWEEN 1 AND 255),
-    CONSTRAINT jobs_max_attempts_range CHECK (max_attempts BETWEEN 1 AND 65535),
     CONSTRAINT jobs_attempt_count_range CHECK (attempt_count BETWEEN 0 AND max_attempts),
-    CONSTRAINT jobs_version_positive CHECK (version >= 1),
     -- completed_by names the attempt whose outcome stands: set exactly when a win or a final
     -- failure decided the job (a cancel decides it too, but no attempt's outcome stands then).
     CONSTRAINT jobs_completed_by_when_decided
-        CHECK ((completed_by IS NOT NULL) = (state IN ('succeeded', 'failed'))),
+        CHECK ((completed_by IS NOT NULL) = (state = 'succeeded' OR state = 'failed')),
     CONSTRAINT jobs_result_only_when_succeeded CHECK (result IS NULL OR state = 'succeeded'),
     -- Every attempt of a job shares the job's 14 leading bytes.
     CONSTRAINT jobs_completed_by_is_own_attempt

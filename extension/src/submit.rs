@@ -10,11 +10,13 @@ use pgrx::prelude::*;
 
 /// Inserts the job unless its key exists. ON CONFLICT DO NOTHING waits for a concurrent
 /// inserter of the same key: if that one commits we get no row, if it rolls back we insert.
+/// The arbiter is the (owner_id, idempotency_key) constraint, the one that decides "same
+/// intent"; the id is derived from that pair, so the job found by id is that key's job.
 static INSERT_JOB: Statement = Statement {
     slot: 0,
     sql: "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts, created_at, updated_at)
           VALUES ($1, $2, $3, $4, $5, $6, $7, statement_timestamp(), statement_timestamp())
-          ON CONFLICT DO NOTHING
+          ON CONFLICT (owner_id, idempotency_key) DO NOTHING
           RETURNING version",
     args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::JSONBOID, pg_sys::TEXTOID, pg_sys::INT4OID],
 };
@@ -24,10 +26,9 @@ static INSERT_JOB: Statement = Statement {
 /// attempt is past its deadline is reported as unknown: the deadline rule holds swept or not.
 static FIND_JOB: Statement = Statement {
     slot: 1,
-    sql: "SELECT j.owner_id = $2 AND j.idempotency_key = $3,
-                 j.provider = $4,
-                 j.params = $5,
-                 j.contract IS NOT DISTINCT FROM $6,
+    sql: "SELECT j.provider = $2,
+                 j.params = $3,
+                 j.contract IS NOT DISTINCT FROM $4,
                  CASE WHEN j.state = 'running' AND EXISTS (
                           SELECT 1 FROM intent.attempts a
                            WHERE a.job_id = j.id AND a.state = 'started'
@@ -39,8 +40,6 @@ static FIND_JOB: Statement = Statement {
            WHERE j.id = $1",
     args: &[
         pg_sys::UUIDOID,
-        pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
         pg_sys::TEXTOID,
         pg_sys::JSONBOID,
         pg_sys::TEXTOID,
@@ -154,8 +153,6 @@ fn submit(
                 &FIND_JOB,
                 &[
                     job_id.into(),
-                    owner_id.into(),
-                    key.into(),
                     provider.into(),
                     params.into(),
                     contract.into(),
@@ -164,23 +161,11 @@ fn submit(
             let Some(row) = plans::first(found) else {
                 continue;
             };
-            if !plans::must::<bool>(&row, 1) {
-                // 112 bits of SHA-256 agreeing for two different keys: report, never merge.
-                return Err(Refusal::idempotency_conflict(format!(
-                    "job id {job_id} is already taken by another (owner_id, idempotency_key)"
-                ))
-                .detail("Two different keys derived the same job id.")
-                .hint("Use another idempotency key."));
-            }
             let mut differ = Vec::new();
-            if !plans::must::<bool>(&row, 2) {
-                differ.push("provider");
-            }
-            if !plans::must::<bool>(&row, 3) {
-                differ.push("params");
-            }
-            if !plans::must::<bool>(&row, 4) {
-                differ.push("contract");
+            for (ordinal, field) in [(1, "provider"), (2, "params"), (3, "contract")] {
+                if !plans::must::<bool>(&row, ordinal) {
+                    differ.push(field);
+                }
             }
             if !differ.is_empty() {
                 return Err(Refusal::idempotency_conflict(format!(
@@ -192,9 +177,9 @@ fn submit(
             return Ok(Submitted {
                 job_id,
                 created: false,
-                state: plans::must(&row, 5),
-                version: plans::must(&row, 6),
-                result: plans::get(&row, 7),
+                state: plans::must(&row, 4),
+                version: plans::must(&row, 5),
+                result: plans::get(&row, 6),
             });
         }
         Err(Refusal::serialization_failure(format!(
