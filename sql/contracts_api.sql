@@ -1,7 +1,7 @@
 -- pg_intent: the SQL API of SPEC § Contracts and failover.
 --
--- Same pattern as api.sql: a Rust core returns refusals, a SECURITY DEFINER wrapper with a
--- pinned search_path raises them with their exact SQLSTATE. Defining contracts and certifying
+-- Same pattern as api.sql: C functions written in Rust, SECURITY DEFINER, search path pinned
+-- inside each call, refusals raised with their exact SQLSTATE. Defining contracts and certifying
 -- providers is an administrator's job: checkers run with the extension owner's rights, so these
 -- functions must only be granted to trusted roles (see the README, "Privileges").
 
@@ -30,82 +30,31 @@ COMMENT ON FUNCTION intent._run_checker(regprocedure, jsonb) IS
 
 CREATE FUNCTION intent.define_contract(name text, output_schema jsonb, checker regprocedure DEFAULT NULL)
 RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, intent, pg_temp
-AS $$
-DECLARE
-    r record;
-BEGIN
-    SELECT * INTO r FROM intent._define_contract($1, $2, $3::oid);
-    IF r.err_code IS NOT NULL THEN
-        PERFORM intent._refuse(r.err_code, r.err_message, r.err_detail, r.err_hint);
-    END IF;
-    RETURN r.version;
-END
-$$;
+LANGUAGE c VOLATILE SECURITY DEFINER
+AS 'MODULE_PATHNAME', 'intent_define_contract';
 COMMENT ON FUNCTION intent.define_contract(text, jsonb, regprocedure) IS
     'Defines a contract (JSON Schema draft 2020-12, optional STABLE checker (jsonb) -> boolean) and returns its version. Redefining it with another schema or checker bumps the version, and certifications earned on the old version stop counting; the same definition again changes nothing.';
 
 CREATE FUNCTION intent.certify_provider(provider text, contract text, evidence jsonb, valid_for interval DEFAULT '30 days')
 RETURNS timestamptz
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, intent, pg_temp
-AS $$
-DECLARE
-    r record;
-BEGIN
-    SELECT * INTO r FROM intent._certify_provider($1, $2, $3, $4);
-    IF r.err_code IS NOT NULL THEN
-        PERFORM intent._refuse(r.err_code, r.err_message, r.err_detail, r.err_hint);
-    END IF;
-    RETURN r.expires_at;
-END
-$$;
+LANGUAGE c VOLATILE SECURITY DEFINER
+AS 'MODULE_PATHNAME', 'intent_certify_provider';
 COMMENT ON FUNCTION intent.certify_provider(text, text, jsonb, interval) IS
     'Records that a provider passed a contract''s tests (evidence: inputs, pass/fail per case, settings), valid for valid_for (at most 366 days). Returns when it expires. Failover to the provider is allowed while it is current.';
 
 CREATE FUNCTION intent.revoke_certification(provider text, contract text, reason text)
 RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, intent, pg_temp
-AS $$
-DECLARE
-    r record;
-BEGIN
-    SELECT * INTO r FROM intent._revoke_certification($1, $2, $3);
-    IF r.err_code IS NOT NULL THEN
-        PERFORM intent._refuse(r.err_code, r.err_message, r.err_detail, r.err_hint);
-    END IF;
-    RETURN r.revoked;
-END
-$$;
+LANGUAGE c VOLATILE SECURITY DEFINER
+AS 'MODULE_PATHNAME', 'intent_revoke_certification';
 COMMENT ON FUNCTION intent.revoke_certification(text, text, text) IS
     'Withdraws a provider''s current certification for a contract: new failovers to it are refused (IJ005). Attempts that already began on it may still complete; their results are validated like any other. false when there was no current certification.';
 
 CREATE FUNCTION intent.validate_result(contract text, result jsonb)
 RETURNS TABLE (valid boolean, errors jsonb)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, intent, pg_temp
-AS $$
-DECLARE
-    r record;
-BEGIN
-    SELECT * INTO r FROM intent._validate_result($1, $2);
-    IF r.err_code IS NOT NULL THEN
-        PERFORM intent._refuse(r.err_code, r.err_message, r.err_detail, r.err_hint);
-    END IF;
-    valid := r.valid;
-    errors := r.errors;
-    RETURN NEXT;
-END
-$$;
+LANGUAGE c VOLATILE SECURITY DEFINER
+AS 'MODULE_PATHNAME', 'intent_validate_result';
 COMMENT ON FUNCTION intent.validate_result(text, jsonb) IS
     'Checks a result against a contract (schema, then checker) without writing anything: valid, and the errors as [{"path", "message"} | {"checker"}]. Used by the contract-test harness and by DBAs.';
-
-COMMENT ON FUNCTION intent._define_contract(text, jsonb, oid) IS 'Internal core of intent.define_contract.';
-COMMENT ON FUNCTION intent._certify_provider(text, text, jsonb, interval) IS 'Internal core of intent.certify_provider.';
-COMMENT ON FUNCTION intent._revoke_certification(text, text, text) IS 'Internal core of intent.revoke_certification.';
-COMMENT ON FUNCTION intent._validate_result(text, jsonb) IS 'Internal core of intent.validate_result.';
 
 -- A contract's checker is referenced by oid, which records no dependency: without this guard a
 -- DROP FUNCTION would silently make every result of the contract fail its check (and a reused

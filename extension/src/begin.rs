@@ -1,10 +1,12 @@
 //! `begin_attempt`: the gate. No new attempt while the last one's outcome is open.
 
 use crate::contract;
+use crate::entry::{arg, one_row};
 use crate::input;
 use crate::job::{self, Job};
 use crate::plans::{self, Statement};
-use crate::refusal::{Answer, Refusal, split};
+use crate::refusal::{Answer, Refusal};
+use pgrx::IntoDatum;
 use pgrx::Uuid;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
@@ -43,40 +45,28 @@ struct Begun {
     deadline: TimestampWithTimeZone,
 }
 
-/// Core of `intent.begin_attempt`; the SQL wrapper raises the refusal, if any.
-#[pg_extern(name = "_begin_attempt", volatile, parallel_unsafe)]
-fn begin_attempt_core(
-    job_id: Option<Uuid>,
-    provider: Option<&str>,
-    lease: Option<Interval>,
-    worker: Option<&str>,
-) -> TableIterator<
-    'static,
-    (
-        name!(err_code, Option<String>),
-        name!(err_message, Option<String>),
-        name!(err_detail, Option<String>),
-        name!(err_hint, Option<String>),
-        name!(attempt_id, Option<Uuid>),
-        name!(attempt_no, Option<i32>),
-        name!(version, Option<i64>),
-        name!(deadline, Option<TimestampWithTimeZone>),
-    ),
-> {
-    let ((code, message, detail, hint), ok) = split(begin(job_id, provider, lease, worker));
-    TableIterator::once(match ok {
-        Some(b) => (
-            code,
-            message,
-            detail,
-            hint,
-            Some(b.attempt_id),
-            Some(b.attempt_no),
-            Some(b.version),
-            Some(b.deadline),
-        ),
-        None => (code, message, detail, hint, None, None, None, None),
-    })
+crate::entry::sql_function!(
+    intent_begin_attempt,
+    pg_finfo_intent_begin_attempt,
+    begin_attempt
+);
+
+/// `intent.begin_attempt(job_id, provider, lease, worker)`.
+fn begin_attempt(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
+    let b = begin(
+        arg(fcinfo, 0),
+        arg(fcinfo, 1),
+        arg(fcinfo, 2),
+        arg(fcinfo, 3),
+    )?;
+    Ok(one_row(fcinfo, |_| {
+        vec![
+            b.attempt_id.into_datum(),
+            b.attempt_no.into_datum(),
+            b.version.into_datum(),
+            b.deadline.into_datum(),
+        ]
+    }))
 }
 
 fn begin(

@@ -4,10 +4,12 @@
 //! SQL checker. Schemas are compiled once per backend and cached per contract version, so a
 //! redefinition takes effect at once and an unchanged contract is never compiled twice.
 
+use crate::entry::{arg, one_row, value};
 use crate::input;
 use crate::jsonb::Jsonb;
 use crate::plans::{self, Statement};
-use crate::refusal::{Answer, Refusal, split};
+use crate::refusal::{Answer, Refusal};
+use pgrx::IntoDatum;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -279,24 +281,16 @@ pub fn check_certified(
     Ok(())
 }
 
-/// Core of `intent.define_contract`: returns the contract's version.
-#[pg_extern(name = "_define_contract", volatile, parallel_unsafe)]
-fn define_contract_core(
-    name: Option<&str>,
-    output_schema: Option<Jsonb>,
-    checker: Option<pg_sys::Oid>,
-) -> TableIterator<
-    'static,
-    (
-        name!(err_code, Option<String>),
-        name!(err_message, Option<String>),
-        name!(err_detail, Option<String>),
-        name!(err_hint, Option<String>),
-        name!(version, Option<i32>),
-    ),
-> {
-    let ((code, message, detail, hint), ok) = split(define(name, output_schema, checker));
-    TableIterator::once((code, message, detail, hint, ok))
+crate::entry::sql_function!(
+    intent_define_contract,
+    pg_finfo_intent_define_contract,
+    define_contract
+);
+
+/// `intent.define_contract(name, output_schema, checker)` → the contract's version.
+fn define_contract(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
+    let version = define(arg(fcinfo, 0), arg(fcinfo, 1), arg(fcinfo, 2))?;
+    Ok(value(fcinfo, Some(version)))
 }
 
 fn define(
@@ -358,26 +352,21 @@ fn define(
     })
 }
 
-/// Core of `intent.certify_provider`: returns when the certification expires.
-#[pg_extern(name = "_certify_provider", volatile, parallel_unsafe)]
-fn certify_provider_core(
-    provider: Option<&str>,
-    contract: Option<&str>,
-    evidence: Option<Jsonb>,
-    valid_for: Option<Interval>,
-) -> TableIterator<
-    'static,
-    (
-        name!(err_code, Option<String>),
-        name!(err_message, Option<String>),
-        name!(err_detail, Option<String>),
-        name!(err_hint, Option<String>),
-        name!(expires_at, Option<TimestampWithTimeZone>),
-    ),
-> {
-    let ((code, message, detail, hint), ok) =
-        split(certify(provider, contract, evidence, valid_for));
-    TableIterator::once((code, message, detail, hint, ok))
+crate::entry::sql_function!(
+    intent_certify_provider,
+    pg_finfo_intent_certify_provider,
+    certify_provider
+);
+
+/// `intent.certify_provider(provider, contract, evidence, valid_for)` → when it expires.
+fn certify_provider(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
+    let expires_at = certify(
+        arg(fcinfo, 0),
+        arg(fcinfo, 1),
+        arg(fcinfo, 2),
+        arg(fcinfo, 3),
+    )?;
+    Ok(value(fcinfo, Some(expires_at)))
 }
 
 fn certify(
@@ -418,24 +407,16 @@ fn certify(
     })
 }
 
-/// Core of `intent.revoke_certification`: true when a current certification was revoked.
-#[pg_extern(name = "_revoke_certification", volatile, parallel_unsafe)]
-fn revoke_certification_core(
-    provider: Option<&str>,
-    contract: Option<&str>,
-    reason: Option<&str>,
-) -> TableIterator<
-    'static,
-    (
-        name!(err_code, Option<String>),
-        name!(err_message, Option<String>),
-        name!(err_detail, Option<String>),
-        name!(err_hint, Option<String>),
-        name!(revoked, Option<bool>),
-    ),
-> {
-    let ((code, message, detail, hint), ok) = split(revoke(provider, contract, reason));
-    TableIterator::once((code, message, detail, hint, ok))
+crate::entry::sql_function!(
+    intent_revoke_certification,
+    pg_finfo_intent_revoke_certification,
+    revoke_certification
+);
+
+/// `intent.revoke_certification(provider, contract, reason)` → boolean.
+fn revoke_certification(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
+    let revoked = revoke(arg(fcinfo, 0), arg(fcinfo, 1), arg(fcinfo, 2))?;
+    Ok(value(fcinfo, Some(revoked)))
 }
 
 fn revoke(provider: Option<&str>, contract: Option<&str>, reason: Option<&str>) -> Answer<bool> {
@@ -453,35 +434,18 @@ fn revoke(provider: Option<&str>, contract: Option<&str>, reason: Option<&str>) 
     })
 }
 
-/// Core of `intent.validate_result`: checks a result against a contract on its own, writing
-/// nothing (for the contract-test harness and for DBAs).
-#[pg_extern(name = "_validate_result", volatile, parallel_unsafe)]
-fn validate_result_core(
-    contract: Option<&str>,
-    result: Option<Jsonb>,
-) -> TableIterator<
-    'static,
-    (
-        name!(err_code, Option<String>),
-        name!(err_message, Option<String>),
-        name!(err_detail, Option<String>),
-        name!(err_hint, Option<String>),
-        name!(valid, Option<bool>),
-        name!(errors, Option<pgrx::JsonB>),
-    ),
-> {
-    let ((code, message, detail, hint), ok) = split(validate_result(contract, result));
-    TableIterator::once(match ok {
-        Some((valid, errors)) => (
-            code,
-            message,
-            detail,
-            hint,
-            Some(valid),
-            Some(pgrx::JsonB(errors)),
-        ),
-        None => (code, message, detail, hint, None, None),
-    })
+crate::entry::sql_function!(
+    intent_validate_result,
+    pg_finfo_intent_validate_result,
+    validate_result_entry
+);
+
+/// `intent.validate_result(contract, result)` → `(valid, errors)`.
+fn validate_result_entry(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
+    let (valid, errors) = validate_result(arg(fcinfo, 0), arg(fcinfo, 1))?;
+    Ok(one_row(fcinfo, |_| {
+        vec![valid.into_datum(), pgrx::JsonB(errors).into_datum()]
+    }))
 }
 
 fn validate_result(contract: Option<&str>, result: Option<Jsonb>) -> Answer<(bool, Value)> {

@@ -1,10 +1,11 @@
 //! Out-of-band decisions: `abandon_attempt` (an operator stops waiting for an attempt) and
 //! `cancel_job` (the owner withdraws the intent).
 
+use crate::entry::{arg, null, value};
 use crate::input;
 use crate::job;
 use crate::plans::{self, Statement};
-use crate::refusal::{Answer, split};
+use crate::refusal::Answer;
 use pgrx::Uuid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -43,21 +44,16 @@ static CANCEL: Statement = Statement {
     args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
 };
 
-/// Core of `intent.abandon_attempt`; the SQL wrapper raises the refusal, if any.
-#[pg_extern(name = "_abandon_attempt", volatile, parallel_unsafe)]
-fn abandon_attempt_core(
-    attempt_id: Option<Uuid>,
-    reason: Option<&str>,
-) -> TableIterator<
-    'static,
-    (
-        name!(err_code, Option<String>),
-        name!(err_message, Option<String>),
-        name!(err_detail, Option<String>),
-        name!(err_hint, Option<String>),
-    ),
-> {
-    TableIterator::once(split(abandon(attempt_id, reason)).0)
+crate::entry::sql_function!(
+    intent_abandon_attempt,
+    pg_finfo_intent_abandon_attempt,
+    abandon_attempt
+);
+
+/// `intent.abandon_attempt(attempt_id, reason)` → void.
+fn abandon_attempt(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
+    abandon(arg(fcinfo, 0), arg(fcinfo, 1))?;
+    Ok(null(fcinfo))
 }
 
 fn abandon(attempt_id: Option<Uuid>, reason: Option<&str>) -> Answer<()> {
@@ -82,23 +78,12 @@ fn abandon(attempt_id: Option<Uuid>, reason: Option<&str>) -> Answer<()> {
     })
 }
 
-/// Core of `intent.cancel_job`; the SQL wrapper raises the refusal, if any.
-#[pg_extern(name = "_cancel_job", volatile, parallel_unsafe)]
-fn cancel_job_core(
-    job_id: Option<Uuid>,
-    reason: Option<&str>,
-) -> TableIterator<
-    'static,
-    (
-        name!(err_code, Option<String>),
-        name!(err_message, Option<String>),
-        name!(err_detail, Option<String>),
-        name!(err_hint, Option<String>),
-        name!(cancelled, Option<bool>),
-    ),
-> {
-    let ((code, message, detail, hint), ok) = split(cancel(job_id, reason));
-    TableIterator::once((code, message, detail, hint, ok))
+crate::entry::sql_function!(intent_cancel_job, pg_finfo_intent_cancel_job, cancel_job);
+
+/// `intent.cancel_job(job_id, reason)` → boolean.
+fn cancel_job(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
+    let cancelled = cancel(arg(fcinfo, 0), arg(fcinfo, 1))?;
+    Ok(value(fcinfo, Some(cancelled)))
 }
 
 fn cancel(job_id: Option<Uuid>, reason: Option<&str>) -> Answer<bool> {

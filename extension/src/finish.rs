@@ -5,11 +5,12 @@
 //! visible in the statement a DBA reads, and holds even for a caller that bypassed the lock.
 
 use crate::contract::{self, Violation};
+use crate::entry::{arg, enum_value, result_type};
 use crate::input;
 use crate::job::{self, Attempt, Job};
 use crate::jsonb::Jsonb;
 use crate::plans::{self, Statement};
-use crate::refusal::{Answer, split};
+use crate::refusal::Answer;
 use pgrx::Uuid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -119,24 +120,16 @@ static LOG_LATE_FAILURE: Statement = Statement {
     ],
 };
 
-/// Core of `intent.complete_attempt`; the SQL wrapper raises the refusal, if any.
-#[pg_extern(name = "_complete_attempt", volatile, parallel_unsafe)]
-fn complete_attempt_core(
-    attempt_id: Option<Uuid>,
-    version: Option<i64>,
-    result: Option<Jsonb>,
-) -> TableIterator<
-    'static,
-    (
-        name!(err_code, Option<String>),
-        name!(err_message, Option<String>),
-        name!(err_detail, Option<String>),
-        name!(err_hint, Option<String>),
-        name!(completion, Option<String>),
-    ),
-> {
-    let ((code, message, detail, hint), ok) = split(complete(attempt_id, version, result));
-    TableIterator::once((code, message, detail, hint, ok.map(str::to_string)))
+crate::entry::sql_function!(
+    intent_complete_attempt,
+    pg_finfo_intent_complete_attempt,
+    complete_attempt
+);
+
+/// `intent.complete_attempt(attempt_id, version, result)` → `intent.completion`.
+fn complete_attempt(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
+    let completion = complete(arg(fcinfo, 0), arg(fcinfo, 1), arg(fcinfo, 2))?;
+    Ok(enum_value(result_type(fcinfo), completion))
 }
 
 fn complete(
@@ -211,25 +204,21 @@ fn complete(
     })
 }
 
-/// Core of `intent.fail_attempt`; the SQL wrapper raises the refusal, if any.
-#[pg_extern(name = "_fail_attempt", volatile, parallel_unsafe)]
-fn fail_attempt_core(
-    attempt_id: Option<Uuid>,
-    version: Option<i64>,
-    error: Option<Jsonb>,
-    retryable: Option<bool>,
-) -> TableIterator<
-    'static,
-    (
-        name!(err_code, Option<String>),
-        name!(err_message, Option<String>),
-        name!(err_detail, Option<String>),
-        name!(err_hint, Option<String>),
-        name!(job_state, Option<String>),
-    ),
-> {
-    let ((code, message, detail, hint), ok) = split(fail(attempt_id, version, error, retryable));
-    TableIterator::once((code, message, detail, hint, ok))
+crate::entry::sql_function!(
+    intent_fail_attempt,
+    pg_finfo_intent_fail_attempt,
+    fail_attempt
+);
+
+/// `intent.fail_attempt(attempt_id, version, error, retryable)` → `intent.job_state`.
+fn fail_attempt(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
+    let state = fail(
+        arg(fcinfo, 0),
+        arg(fcinfo, 1),
+        arg(fcinfo, 2),
+        arg(fcinfo, 3),
+    )?;
+    Ok(enum_value(result_type(fcinfo), &state))
 }
 
 fn fail(

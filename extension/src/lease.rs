@@ -4,10 +4,11 @@
 //! started attempt past its deadline already counts as unknown everywhere; these calls only make
 //! the tables say so.
 
+use crate::entry::{arg, null, value};
 use crate::input;
 use crate::job;
 use crate::plans::{self, Statement};
-use crate::refusal::{Answer, split};
+use crate::refusal::Answer;
 use pgrx::Uuid;
 use pgrx::datum::Interval;
 use pgrx::pg_sys;
@@ -59,21 +60,16 @@ static TRY_LOCK_JOB: Statement = Statement {
     args: &[pg_sys::UUIDOID],
 };
 
-/// Core of `intent.mark_unknown`; the SQL wrapper raises the refusal, if any.
-#[pg_extern(name = "_mark_unknown", volatile, parallel_unsafe)]
-fn mark_unknown_core(
-    attempt_id: Option<Uuid>,
-    reason: Option<&str>,
-) -> TableIterator<
-    'static,
-    (
-        name!(err_code, Option<String>),
-        name!(err_message, Option<String>),
-        name!(err_detail, Option<String>),
-        name!(err_hint, Option<String>),
-    ),
-> {
-    TableIterator::once(split(mark_unknown(attempt_id, reason)).0)
+crate::entry::sql_function!(
+    intent_mark_unknown,
+    pg_finfo_intent_mark_unknown,
+    mark_unknown_entry
+);
+
+/// `intent.mark_unknown(attempt_id, reason)` → void.
+fn mark_unknown_entry(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
+    mark_unknown(arg(fcinfo, 0), arg(fcinfo, 1))?;
+    Ok(null(fcinfo))
 }
 
 fn mark_unknown(attempt_id: Option<Uuid>, reason: Option<&str>) -> Answer<()> {
@@ -89,23 +85,12 @@ fn mark_unknown(attempt_id: Option<Uuid>, reason: Option<&str>) -> Answer<()> {
     })
 }
 
-/// Core of `intent.heartbeat`; the SQL wrapper raises the refusal, if any.
-#[pg_extern(name = "_heartbeat", volatile, parallel_unsafe)]
-fn heartbeat_core(
-    attempt_id: Option<Uuid>,
-    extend: Option<Interval>,
-) -> TableIterator<
-    'static,
-    (
-        name!(err_code, Option<String>),
-        name!(err_message, Option<String>),
-        name!(err_detail, Option<String>),
-        name!(err_hint, Option<String>),
-        name!(alive, Option<bool>),
-    ),
-> {
-    let ((code, message, detail, hint), ok) = split(heartbeat(attempt_id, extend));
-    TableIterator::once((code, message, detail, hint, ok))
+crate::entry::sql_function!(intent_heartbeat, pg_finfo_intent_heartbeat, heartbeat_entry);
+
+/// `intent.heartbeat(attempt_id, extend)` → boolean.
+fn heartbeat_entry(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
+    let alive = heartbeat(arg(fcinfo, 0), arg(fcinfo, 1))?;
+    Ok(value(fcinfo, Some(alive)))
 }
 
 fn heartbeat(attempt_id: Option<Uuid>, extend: Option<Interval>) -> Answer<bool> {
@@ -140,11 +125,14 @@ fn heartbeat(attempt_id: Option<Uuid>, extend: Option<Interval>) -> Answer<bool>
     })
 }
 
-/// Persists started → unknown for every attempt past its deadline, logging a timeout for each;
-/// returns how many. Nothing depends on it running: the deadline rule is applied whenever a job
-/// is touched. It keeps the tables honest for the people reading them.
-#[pg_extern(name = "_sweep", volatile, parallel_unsafe)]
-fn sweep_core() -> i64 {
+crate::entry::sql_function!(intent_sweep, pg_finfo_intent_sweep, sweep_entry);
+
+/// `intent.sweep()` → bigint.
+fn sweep_entry(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
+    Ok(value(fcinfo, Some(sweep())))
+}
+
+fn sweep() -> i64 {
     Spi::connect_mut(|client| {
         let lapsed: Vec<(Uuid, Uuid)> = plans::run(client, &LAPSED_ATTEMPTS, &[])
             .map(|row| {

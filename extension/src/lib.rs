@@ -1,10 +1,10 @@
 //! pg_intent: durable jobs and attempts that make retries and fallbacks safe, enforced inside
 //! PostgreSQL. The public contract is `SPEC.md`; the schema lives in `sql/`, one file per concern.
 //!
-//! Layering: each protocol call is a Rust "core" function (`intent._submit_job`, …) that does
-//! the work through cached SPI plans and *returns* a refusal instead of raising it, and a thin
-//! PL/pgSQL wrapper (`intent.submit_job`, …, in `sql/api.sql`) that raises the refusal with its
-//! exact SQLSTATE. See `refusal.rs` for why.
+//! Layering: each protocol call is a version-1 C function written in Rust (`entry.rs`) that does
+//! the work through cached SPI plans, gets back a value or a refusal, and raises the refusal
+//! with its exact SQLSTATE after pgrx's guard (see `entry.rs` for why). `sql/api.sql` declares
+//! them.
 
 // pgrx reads a function's result columns from the tuple written inline in its signature, so
 // the core functions cannot name their row types with aliases.
@@ -33,6 +33,7 @@ pub extern "C-unwind" fn _PG_init() {
 mod begin;
 mod contract;
 mod decisions;
+mod entry;
 mod finish;
 mod ids;
 mod input;
@@ -74,34 +75,12 @@ extension_sql_file!(
 extension_sql_file!(
     "../../sql/api.sql",
     name = "api",
-    requires = [
-        "attempts",
-        "events",
-        "contracts",
-        "isolation",
-        submit::submit_job_core,
-        begin::begin_attempt_core,
-        finish::complete_attempt_core,
-        finish::fail_attempt_core,
-        lease::mark_unknown_core,
-        lease::heartbeat_core,
-        lease::sweep_core,
-        decisions::abandon_attempt_core,
-        decisions::cancel_job_core,
-        purge::purge_core,
-    ]
+    requires = ["attempts", "events", "contracts", "isolation"]
 );
 extension_sql_file!(
     "../../sql/contracts_api.sql",
     name = "contracts_api",
-    requires = [
-        "contracts",
-        "api",
-        contract::define_contract_core,
-        contract::certify_provider_core,
-        contract::revoke_certification_core,
-        contract::validate_result_core,
-    ]
+    requires = ["contracts", "api"]
 );
 extension_sql_file!(
     "../../sql/views.sql",

@@ -4,8 +4,9 @@
 //! free again: the same (owner_id, idempotency_key) creates a new job. So the retention must be
 //! longer than any client's retry window.
 
+use crate::entry::{arg, value};
 use crate::plans::{self, Statement};
-use crate::refusal::{Answer, Refusal, split};
+use crate::refusal::{Answer, Refusal};
 use pgrx::datum::Interval;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
@@ -56,23 +57,12 @@ static PURGE_BATCH: Statement = Statement {
     args: &[pg_sys::INTERVALOID, pg_sys::INT4OID],
 };
 
-/// Core of `intent.purge`: returns how many jobs were removed.
-#[pg_extern(name = "_purge", volatile, parallel_unsafe)]
-fn purge_core(
-    older_than: Option<Interval>,
-    batch_size: Option<i32>,
-) -> TableIterator<
-    'static,
-    (
-        name!(err_code, Option<String>),
-        name!(err_message, Option<String>),
-        name!(err_detail, Option<String>),
-        name!(err_hint, Option<String>),
-        name!(purged, Option<i64>),
-    ),
-> {
-    let ((code, message, detail, hint), ok) = split(purge(older_than, batch_size));
-    TableIterator::once((code, message, detail, hint, ok))
+crate::entry::sql_function!(intent_purge, pg_finfo_intent_purge, purge_entry);
+
+/// `intent.purge(older_than, batch_size)` → bigint.
+fn purge_entry(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
+    let purged = purge(arg(fcinfo, 0), arg(fcinfo, 1))?;
+    Ok(value(fcinfo, Some(purged)))
 }
 
 fn purge(older_than: Option<Interval>, batch_size: Option<i32>) -> Answer<i64> {

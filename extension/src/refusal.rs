@@ -1,9 +1,9 @@
 //! Refusals: the documented errors of the SPEC, carried back to SQL as data.
 //!
-//! pgrx re-raises any error that crosses a `#[pg_extern]` through its enum of built-in SQLSTATEs,
-//! so a custom code such as `IJ002` raised here would reach the client as `XX000`. The Rust core
-//! therefore never raises a refusal: it returns one, and the thin SQL-facing wrapper in
-//! `sql/api.sql` raises it with the exact SQLSTATE, DETAIL and HINT. Because the raise aborts the
+//! pgrx re-raises any error that crosses its guard through its enum of built-in SQLSTATEs, so a
+//! custom code such as `IJ002` raised inside the guard would reach the client as `XX000`. The
+//! Rust code therefore never raises a refusal: it returns one, and `entry.rs` raises it with the
+//! exact SQLSTATE, DETAIL and HINT once the guard is behind. Because the raise aborts the
 //! statement, a refusal never leaves a row behind.
 
 /// A documented refusal: SQLSTATE, message, DETAIL facts and, where one exists, a HINT.
@@ -17,14 +17,6 @@ pub struct Refusal {
 
 /// The answer of a core function: a value, or a refusal the wrapper raises.
 pub type Answer<T> = Result<T, Refusal>;
-
-/// The four leading columns every core function returns.
-pub type RefusalColumns = (
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-);
 
 impl Refusal {
     fn new(code: &'static str, message: impl Into<String>) -> Self {
@@ -94,23 +86,6 @@ impl Refusal {
     /// `40001` serialization_failure: the caller should retry the transaction.
     pub fn serialization_failure(message: impl Into<String>) -> Self {
         Self::new("40001", message)
-    }
-
-    pub fn into_columns(self) -> RefusalColumns {
-        (
-            Some(self.code.to_string()),
-            Some(self.message),
-            self.detail,
-            self.hint,
-        )
-    }
-}
-
-/// Splits an answer into the refusal columns and the payload the wrapper returns.
-pub fn split<T>(answer: Answer<T>) -> (RefusalColumns, Option<T>) {
-    match answer {
-        Ok(value) => ((None, None, None, None), Some(value)),
-        Err(refusal) => (refusal.into_columns(), None),
     }
 }
 

@@ -1,9 +1,11 @@
 //! `submit_job`: one job per intent, decided by the unique constraint alone.
 
+use crate::entry::{arg, enum_value, one_row};
 use crate::input;
 use crate::jsonb::Jsonb;
 use crate::plans::{self, Statement};
-use crate::refusal::{Answer, Refusal, split};
+use crate::refusal::{Answer, Refusal};
+use pgrx::IntoDatum;
 use pgrx::Uuid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -54,52 +56,27 @@ struct Submitted {
     result: Option<Jsonb>,
 }
 
-/// Core of `intent.submit_job`; the SQL wrapper raises the refusal, if any.
-#[pg_extern(name = "_submit_job", volatile, parallel_unsafe)]
-fn submit_job_core(
-    owner_id: Option<&str>,
-    idempotency_key: Option<&str>,
-    provider: Option<&str>,
-    params: Option<Jsonb>,
-    contract: Option<&str>,
-    max_attempts: Option<i32>,
-) -> TableIterator<
-    'static,
-    (
-        name!(err_code, Option<String>),
-        name!(err_message, Option<String>),
-        name!(err_detail, Option<String>),
-        name!(err_hint, Option<String>),
-        name!(job_id, Option<Uuid>),
-        name!(created, Option<bool>),
-        name!(state, Option<String>),
-        name!(version, Option<i64>),
-        name!(result, Option<Jsonb>),
-    ),
-> {
-    let answer = submit(
-        owner_id,
-        idempotency_key,
-        provider,
-        params,
-        contract,
-        max_attempts,
-    );
-    let ((code, message, detail, hint), ok) = split(answer);
-    TableIterator::once(match ok {
-        Some(s) => (
-            code,
-            message,
-            detail,
-            hint,
-            Some(s.job_id),
-            Some(s.created),
-            Some(s.state),
-            Some(s.version),
-            s.result,
-        ),
-        None => (code, message, detail, hint, None, None, None, None, None),
-    })
+crate::entry::sql_function!(intent_submit_job, pg_finfo_intent_submit_job, submit_job);
+
+/// `intent.submit_job(owner_id, idempotency_key, provider, params, contract, max_attempts)`.
+fn submit_job(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
+    let s = submit(
+        arg(fcinfo, 0),
+        arg(fcinfo, 1),
+        arg(fcinfo, 2),
+        arg(fcinfo, 3),
+        arg(fcinfo, 4),
+        arg(fcinfo, 5),
+    )?;
+    Ok(one_row(fcinfo, |types| {
+        vec![
+            s.job_id.into_datum(),
+            s.created.into_datum(),
+            Some(enum_value(types[2], &s.state)),
+            s.version.into_datum(),
+            s.result.and_then(IntoDatum::into_datum),
+        ]
+    }))
 }
 
 fn submit(

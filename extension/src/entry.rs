@@ -1,0 +1,255 @@
+//! How the SQL API enters Rust, and how its refusals leave it with their exact SQLSTATE.
+//!
+//! pgrx re-raises every error that crosses a `#[pg_extern]` through its enum of built-in
+//! SQLSTATEs, so a refusal such as `IJ002` raised inside pgrx's guard would reach the client as
+//! `XX000`. The API functions are therefore plain version-1 C functions: each runs its body
+//! under pgrx's guard (so PostgreSQL errors and Rust panics are handled as usual), gets back
+//! either a result or a [`Refusal`], and raises the refusal itself *after* the guard, with
+//! PostgreSQL's own `ereport` machinery. No PL/pgSQL hop, no per-call settings change.
+//!
+//! The functions are declared `SECURITY DEFINER` (they run as `intent_owner`) without a `SET`
+//! clause, which would cost a settings change on every call: instead each call pins the search
+//! path to `pg_catalog` alone while it runs. Every object of ours is schema-qualified in the SQL
+//! it executes, so nothing a caller puts in `public` or `pg_temp` can be picked up.
+
+use crate::refusal::{Answer, Refusal};
+use pgrx::pg_sys;
+use pgrx::{FromDatum, IntoDatum};
+use std::cell::RefCell;
+use std::ffi::{CString, c_char, c_int};
+
+/// The version-1 calling convention record every C function must expose.
+pub static V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+
+/// Declares a SQL-callable C function `$name` that runs `$body` through [`call`].
+macro_rules! sql_function {
+    ($name:ident, $finfo:ident, $body:path) => {
+        #[unsafe(no_mangle)]
+        pub extern "C" fn $finfo() -> &'static ::pgrx::pg_sys::Pg_finfo_record {
+            &$crate::entry::V1
+        }
+
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C-unwind" fn $name(
+            fcinfo: ::pgrx::pg_sys::FunctionCallInfo,
+        ) -> ::pgrx::pg_sys::Datum {
+            unsafe { $crate::entry::call(fcinfo, $body) }
+        }
+    };
+}
+pub(crate) use sql_function;
+
+/// Runs one API call. Must be the last thing the C function does: a refusal never returns.
+///
+/// # Safety
+/// `fcinfo` must be the call's own, as PostgreSQL passed it.
+pub unsafe fn call(
+    fcinfo: pg_sys::FunctionCallInfo,
+    body: fn(pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum>,
+) -> pg_sys::Datum {
+    let answer = unsafe {
+        pg_sys::submodules::panic::pgrx_extern_c_guard(|| {
+            let _path = PinnedSearchPath::push();
+            body(fcinfo)
+        })
+    };
+    match answer {
+        Ok(datum) => datum,
+        Err(refusal) => unsafe { raise(refusal) },
+    }
+}
+
+/// `pg_catalog` only, for as long as it lives (popped on unwinding too).
+struct PinnedSearchPath;
+
+impl PinnedSearchPath {
+    fn push() -> Self {
+        let mut path = pg_sys::OverrideSearchPath {
+            schemas: std::ptr::null_mut(),
+            addCatalog: true,
+            addTemp: false,
+            generation: 0,
+        };
+        // SAFETY: PushOverrideSearchPath copies what it needs into its own memory.
+        unsafe { pg_sys::PushOverrideSearchPath(&mut path) };
+        PinnedSearchPath
+    }
+}
+
+impl Drop for PinnedSearchPath {
+    fn drop(&mut self) {
+        // SAFETY: pairs with the push in `push`.
+        unsafe { pg_sys::PopOverrideSearchPath() };
+    }
+}
+
+// PostgreSQL's error reporting, declared here rather than taken from pgrx's bindings: pgrx
+// wraps its bindings so that the non-local exit of `errfinish` becomes a Rust panic, and it is
+// precisely that exit we want to reach PostgreSQL unchanged.
+unsafe extern "C-unwind" {
+    fn errstart(elevel: c_int, domain: *const c_char) -> bool;
+    fn errfinish(filename: *const c_char, lineno: c_int, funcname: *const c_char);
+    fn errcode(sqlerrcode: c_int) -> c_int;
+    fn errmsg(fmt: *const c_char, ...) -> c_int;
+    fn errdetail(fmt: *const c_char, ...) -> c_int;
+    fn errhint(fmt: *const c_char, ...) -> c_int;
+}
+
+/// MAKE_SQLSTATE of a five-character code.
+fn sqlstate(code: &str) -> c_int {
+    code.bytes()
+        .take(5)
+        .enumerate()
+        .map(|(i, b)| (c_int::from(b.wrapping_sub(b'0')) & 0x3F) << (6 * i))
+        .sum()
+}
+
+fn c_text(s: &str) -> CString {
+    CString::new(s.replace('\0', "")).expect("NUL bytes were removed")
+}
+
+/// Raises a refusal as an ERROR with its exact SQLSTATE, message, DETAIL and HINT.
+///
+/// # Safety
+/// Never returns: PostgreSQL's error handling takes over. Nothing with a destructor may be live
+/// in the callers' frames.
+unsafe fn raise(refusal: Refusal) -> ! {
+    let code = sqlstate(refusal.code);
+    let message = c_text(&refusal.message);
+    let detail = refusal.detail.as_deref().map(c_text);
+    let hint = refusal.hint.as_deref().map(c_text);
+    drop(refusal);
+    unsafe {
+        if errstart(pgrx::PgLogLevel::ERROR as c_int, std::ptr::null()) {
+            errcode(code);
+            // Each call copies its text into PostgreSQL's error context.
+            errmsg(c"%s".as_ptr(), message.as_ptr());
+            if let Some(detail) = &detail {
+                errdetail(c"%s".as_ptr(), detail.as_ptr());
+            }
+            if let Some(hint) = &hint {
+                errhint(c"%s".as_ptr(), hint.as_ptr());
+            }
+        }
+        drop(message);
+        drop(detail);
+        drop(hint);
+        errfinish(c"pg_intent".as_ptr(), 0, c"pg_intent".as_ptr());
+    }
+    unreachable!("errfinish does not return at ERROR")
+}
+
+/// Argument `n` (0-based), or None for SQL NULL.
+pub fn arg<T: FromDatum>(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<T> {
+    // SAFETY: the caller passes its own fcinfo and the argument's declared type.
+    unsafe { pgrx::fcinfo::pg_getarg::<T>(fcinfo, n) }
+}
+
+/// Returns SQL NULL.
+pub fn null(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: fcinfo is the call's own.
+    unsafe { (*fcinfo).isnull = true };
+    pg_sys::Datum::from(0usize)
+}
+
+/// Returns a value, NULL when it is None.
+pub fn value<T: IntoDatum>(fcinfo: pg_sys::FunctionCallInfo, v: Option<T>) -> pg_sys::Datum {
+    match v.and_then(IntoDatum::into_datum) {
+        Some(d) => d,
+        None => null(fcinfo),
+    }
+}
+
+/// The declared result type of the function being called.
+pub fn result_type(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Oid {
+    // SAFETY: fcinfo and its flinfo are the call's own.
+    unsafe { pg_sys::get_fn_expr_rettype((*fcinfo).flinfo) }
+}
+
+thread_local! {
+    /// A handful of (enum type, label) pairs: a list is quicker to search than to hash.
+    static ENUM_VALUES: RefCell<Vec<(pg_sys::Oid, String, pg_sys::Datum)>> =
+        const { RefCell::new(Vec::new()) };
+}
+
+/// The datum of an enum label (intent.job_state, intent.completion, …), looked up once per
+/// session.
+pub fn enum_value(type_oid: pg_sys::Oid, label: &str) -> pg_sys::Datum {
+    if let Some(d) = ENUM_VALUES.with_borrow(|m| {
+        m.iter()
+            .find(|(t, l, _)| *t == type_oid && l == label)
+            .map(|(_, _, d)| *d)
+    }) {
+        return d;
+    }
+    let text = c_text(label);
+    // SAFETY: enum_in takes (cstring, oid) and returns the label's oid as a datum.
+    let datum = unsafe {
+        pgrx::fcinfo::direct_function_call_as_datum(
+            pg_sys::enum_in,
+            &[
+                Some(pg_sys::Datum::from(text.as_ptr().cast_mut())),
+                type_oid.into_datum(),
+            ],
+        )
+    }
+    .expect("enum_in returns a value");
+    ENUM_VALUES.with_borrow_mut(|m| m.push((type_oid, label.to_string(), datum)));
+    datum
+}
+
+/// Returns one row from a function declared `RETURNS TABLE (…)`. `row` receives the result's
+/// column types, in order, and returns the columns' datums (None: NULL).
+pub fn one_row(
+    fcinfo: pg_sys::FunctionCallInfo,
+    row: impl FnOnce(&[pg_sys::Oid]) -> Vec<Option<pg_sys::Datum>>,
+) -> pg_sys::Datum {
+    unsafe {
+        let rsinfo = (*fcinfo).resultinfo as *mut pg_sys::ReturnSetInfo;
+        let flags = if !rsinfo.is_null() && !(*rsinfo).expectedDesc.is_null() {
+            pg_sys::MAT_SRF_USE_EXPECTED_DESC
+        } else {
+            0
+        };
+        pg_sys::InitMaterializedSRF(fcinfo, flags);
+        let desc = (*rsinfo).setDesc;
+        let natts = (*desc).natts as usize;
+        let types: Vec<pg_sys::Oid> = (0..natts)
+            .map(|i| (*(*desc).attrs.as_ptr().add(i)).atttypid)
+            .collect();
+        let columns = row(&types);
+        assert_eq!(
+            columns.len(),
+            natts,
+            "pg_intent: result row has the wrong width"
+        );
+        let mut values: Vec<pg_sys::Datum> = columns
+            .iter()
+            .map(|c| c.unwrap_or(pg_sys::Datum::from(0usize)))
+            .collect();
+        let mut nulls: Vec<bool> = columns.iter().map(Option::is_none).collect();
+        pg_sys::tuplestore_putvalues(
+            (*rsinfo).setResult,
+            desc,
+            values.as_mut_ptr(),
+            nulls.as_mut_ptr(),
+        );
+    }
+    pg_sys::Datum::from(0usize)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sqlstates_are_encoded_like_make_sqlstate() {
+        // MAKE_SQLSTATE('2','2','0','2','3') and ('I','J','0','0','1'), computed by hand.
+        let make = |c: &[u8; 5]| -> i32 {
+            c.iter()
+                .enumerate()
+                .map(|(i, b)| ((i32::from(*b) - 48) & 0x3F) << (6 * i))
+                .sum()
+        };
+        assert_eq!(super::sqlstate("22023"), make(b"22023"));
+        assert_eq!(super::sqlstate("IJ001"), make(b"IJ001"));
+    }
+}
