@@ -1,0 +1,540 @@
+//! An HTTP gateway in front of pg_intent: the `Idempotency-Key` header
+//! (draft-ietf-httpapi-idempotency-key-header) mapped straight onto `intent.submit_job`, and a
+//! worker that runs the attempts.
+//!
+//! | request | answer |
+//! |---|---|
+//! | no or unknown `Authorization: Bearer …` | `401` |
+//! | no `Idempotency-Key` | `400` problem `idempotency-key-missing` |
+//! | a key that is not one quoted string of 1–255 characters | `400` problem `idempotency-key-malformed` |
+//! | a new key | `201 Created`, `Location: /jobs/{job_id}` |
+//! | the same key and body, job finished | `200 OK`, the stored outcome, `Idempotent-Replayed: true` |
+//! | the same key and body, job pending or running | `409` problem `request-in-flight`, `Retry-After` |
+//! | the same key and body, outcome unknown | `409` problem `outcome-unknown`, `Retry-After` |
+//! | the same key, another body or provider | `422` problem `idempotency-key-reused` (`IJ001`) |
+//!
+//! The owner of a job is the authenticated caller, never something the body says; the job is
+//! `(owner, key)`, so two callers may use the same key. Bodies are compared as `jsonb` (key order
+//! and whitespace do not matter). Errors are `application/problem+json` with the SQLSTATE.
+//!
+//! The gateway is stateless: every decision above is the database's, so any number of gateway
+//! processes can serve the same keys, and two identical requests at once get one `201` and one
+//! `409` (or `200`), never two `201`s.
+
+pub mod key;
+pub mod problem;
+mod worker;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, LOCATION};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use pg_intent_client::{self as intent, Attempt, JobState, NewJob, Submitted, WorkError};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::key::KeyError;
+use crate::problem::{Kind, Problem};
+
+/// The response header that marks a replay: the stored outcome of an earlier request with the
+/// same key, not a new execution (the name Stripe's API made common).
+pub static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// How the worker runs attempts.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Written to `intent.attempts.worker`.
+    pub name: String,
+    /// How many attempts run at once.
+    pub concurrency: usize,
+    /// The gateway's own timeout for one provider call: when it fires the attempt becomes
+    /// `unknown` (never `failed`).
+    pub timeout: Duration,
+    /// The lease of each attempt; heartbeats extend it while the provider works.
+    pub lease: Duration,
+    /// How often to look for pending jobs (a new job wakes the worker at once).
+    pub poll_every: Duration,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            name: "gateway".into(),
+            concurrency: 4,
+            timeout: Duration::from_secs(60),
+            lease: Duration::from_secs(15),
+            poll_every: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The gateway's settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Bearer token → owner. A static map is enough for an example; a real gateway verifies a
+    /// signed token and takes the owner from its subject.
+    pub tokens: HashMap<String, String>,
+    /// The provider of `POST /jobs`.
+    pub default_provider: String,
+    /// The providers `POST /providers/{provider}/jobs` accepts.
+    pub providers: Vec<String>,
+    /// Binds each request's transaction to its owner (`SET LOCAL intent.owner_id`), so that
+    /// the database itself keeps owners apart. Needs `GRANT SET ON PARAMETER intent.owner_id`
+    /// to the gateway's role.
+    pub bind_owner: bool,
+    /// `max_attempts` of new jobs.
+    pub max_attempts: u16,
+    /// `Retry-After` of a `409` while the job is pending or running, in seconds.
+    pub in_flight_retry_after: u32,
+    /// `Retry-After` of a `409` while the outcome is unknown, in seconds.
+    pub unknown_retry_after: u32,
+    /// The worker.
+    pub worker: WorkerConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            tokens: HashMap::new(),
+            default_provider: "gpu-a".into(),
+            providers: vec!["gpu-a".into()],
+            bind_owner: true,
+            max_attempts: 3,
+            in_flight_retry_after: 1,
+            unknown_retry_after: 30,
+            worker: WorkerConfig::default(),
+        }
+    }
+}
+
+/// What the worker hands the provider: the attempt (its id is the provider-side idempotency
+/// key, so a reconciler can later ask the provider what became of it), the provider, and the
+/// job's params.
+#[derive(Debug, Clone)]
+pub struct Task {
+    /// The attempt.
+    pub attempt: Attempt,
+    /// The provider to call.
+    pub provider: String,
+    /// The job's params (the request body).
+    pub params: Value,
+}
+
+/// How a provider call ends: a result, a definite failure, or an unknown outcome.
+pub type Outcome = Result<Value, WorkError<Value>>;
+
+/// A boxed provider call.
+pub type BoxOutcome = Pin<Box<dyn Future<Output = Outcome> + Send>>;
+
+/// Calls a provider. Any `Fn(Task) -> impl Future<Output = Outcome>` is one.
+pub trait Provider: Send + Sync + 'static {
+    /// Runs one attempt.
+    fn call(&self, task: Task) -> BoxOutcome;
+}
+
+impl<F, Fut> Provider for F
+where
+    F: Fn(Task) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Outcome> + Send + 'static,
+{
+    fn call(&self, task: Task) -> BoxOutcome {
+        Box::pin(self(task))
+    }
+}
+
+/// A stand-in for a GPU provider, driven by the params:
+/// `"work_ms"` how long it works (default 200), `"simulate"`: `"hang"` never answers (the
+/// worker's timeout makes the attempt `unknown`), `"fail"` refuses for good (a definite
+/// failure), `"busy"` is rate-limited on the first attempt (a retryable failure).
+pub async fn fake_provider(task: Task) -> Outcome {
+    let work = Duration::from_millis(task.params["work_ms"].as_u64().unwrap_or(200));
+    tokio::time::sleep(work).await;
+    match task.params["simulate"].as_str() {
+        Some("hang") => std::future::pending().await,
+        Some("fail") => Err(WorkError::permanent(json!({
+            "provider": task.provider, "status": 400, "message": "prompt refused"
+        }))),
+        Some("busy") if task.attempt.attempt_no() == 1 => Err(WorkError::retryable(json!({
+            "provider": task.provider, "status": 429, "message": "rate limited"
+        }))),
+        _ => Ok(json!({
+            "image": format!("blob://images/{}.png", task.attempt.id()),
+            "provider": task.provider,
+            "attempt_no": task.attempt.attempt_no(),
+        })),
+    }
+}
+
+/// A deadpool pool for `config` (a tokio-postgres connection string or URL).
+pub fn pool(config: &str, max_size: usize) -> Result<Pool, Box<dyn std::error::Error>> {
+    let pg: tokio_postgres::Config = config.parse()?;
+    let manager = Manager::from_config(
+        pg,
+        tokio_postgres::NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Ok(Pool::builder(manager).max_size(max_size).build()?)
+}
+
+/// Where a job is: `/jobs/{job_id}`.
+pub fn job_location(job_id: Uuid) -> String {
+    format!("/jobs/{job_id}")
+}
+
+/// The gateway: cheap to clone, shared by the handlers and the worker.
+#[derive(Clone)]
+pub struct Gateway {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    config: Config,
+    provider: Arc<dyn Provider>,
+    /// Wakes the worker when a job is created.
+    wake: tokio::sync::Notify,
+    /// The jobs this process is running an attempt of.
+    running: Mutex<std::collections::HashSet<Uuid>>,
+}
+
+impl Gateway {
+    /// A gateway on `pool` whose worker calls `provider`.
+    pub fn new(pool: Pool, config: Config, provider: impl Provider) -> Gateway {
+        Gateway {
+            inner: Arc::new(Inner {
+                pool,
+                config,
+                provider: Arc::new(provider),
+                wake: tokio::sync::Notify::new(),
+                running: Mutex::new(Default::default()),
+            }),
+        }
+    }
+
+    /// The routes: `POST /jobs`, `POST /providers/{provider}/jobs`, `GET /jobs/{job_id}`,
+    /// `GET /problems/{slug}`.
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/jobs", post(create))
+            .route("/providers/{provider}/jobs", post(create_on))
+            .route("/jobs/{job_id}", get(show))
+            .route("/problems/{slug}", get(explain))
+            .with_state(self.clone())
+    }
+
+    /// Serves the routes on `listener` until `shutdown` resolves.
+    pub async fn serve(
+        &self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        axum::serve(listener, self.router())
+            .with_graceful_shutdown(shutdown)
+            .await
+    }
+
+    /// Starts the worker: it picks pending jobs and runs their attempts through the client's
+    /// [`pg_intent_client::Worker`]. Abort the handle to stop it.
+    pub fn spawn_worker(&self) -> tokio::task::JoinHandle<()> {
+        let gw = self.clone();
+        tokio::spawn(async move { gw.work().await })
+    }
+
+    fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// The owner named by the request's bearer token.
+    fn owner(&self, headers: &HeaderMap) -> Result<String, Problem> {
+        let unauthorized = |why: &str| Problem::new(Kind::Unauthorized, why);
+        let value = headers
+            .get(AUTHORIZATION)
+            .ok_or_else(|| unauthorized("The request has no Authorization header."))?
+            .to_str()
+            .map_err(|_| unauthorized("The Authorization header is not ASCII."))?;
+        let (scheme, token) = value
+            .split_once(' ')
+            .ok_or_else(|| unauthorized("Authorization must be `Bearer <token>`."))?;
+        if !scheme.eq_ignore_ascii_case("bearer") {
+            return Err(unauthorized("Authorization must be `Bearer <token>`."));
+        }
+        self.config()
+            .tokens
+            .get(token.trim())
+            .cloned()
+            .ok_or_else(|| unauthorized("The bearer token is not known."))
+    }
+
+    /// `POST`: one job per (owner, Idempotency-Key).
+    async fn submit(&self, headers: &HeaderMap, provider: &str, body: &[u8]) -> Response {
+        match self.try_submit(headers, provider, body).await {
+            Ok(res) => res,
+            Err(p) => p.into_response(),
+        }
+    }
+
+    async fn try_submit(
+        &self,
+        headers: &HeaderMap,
+        provider: &str,
+        body: &[u8],
+    ) -> Result<Response, Problem> {
+        let owner = self.owner(headers)?;
+        let key = key::idempotency_key(headers).map_err(|e| match e {
+            KeyError::Missing => Problem::new(
+                Kind::KeyMissing,
+                "This operation is idempotent and requires an Idempotency-Key header.",
+            ),
+            KeyError::Malformed(why) => Problem::new(Kind::KeyMalformed, why),
+        })?;
+        if !is_json(headers) {
+            return Err(Problem::new(
+                Kind::UnsupportedMediaType,
+                "The body must be sent as Content-Type: application/json.",
+            ));
+        }
+        let params: Value = serde_json::from_slice(body).map_err(|e| {
+            Problem::new(Kind::InvalidRequest, format!("The body is not JSON: {e}."))
+        })?;
+
+        let mut conn = self.connection().await?;
+        let tx = conn.transaction().await.map_err(db_problem)?;
+        if self.config().bind_owner {
+            intent::bind_owner(&tx, &owner).await?;
+        }
+        let job: Submitted<Value> = intent::submit_job(
+            &tx,
+            &NewJob::new(&owner, &key, provider, &params).max_attempts(self.config().max_attempts),
+        )
+        .await?;
+        // A failed job's error is not part of submit_job's answer: read it with the row.
+        let error = if job.state == JobState::Failed {
+            intent::get_job(&tx, job.job_id)
+                .await?
+                .and_then(|j| j.error)
+        } else {
+            None
+        };
+        tx.commit().await.map_err(db_problem)?;
+
+        if job.created {
+            self.inner.wake.notify_one();
+            let mut res = (
+                StatusCode::CREATED,
+                axum::Json(representation(job.job_id, job.state, None, None)),
+            )
+                .into_response();
+            set_location(&mut res, job.job_id);
+            return Ok(res);
+        }
+        match job.state {
+            JobState::Succeeded | JobState::Failed | JobState::Cancelled => {
+                let mut res = (
+                    StatusCode::OK,
+                    axum::Json(representation(job.job_id, job.state, job.result, error)),
+                )
+                    .into_response();
+                set_location(&mut res, job.job_id);
+                res.headers_mut()
+                    .insert(&IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+                Ok(res)
+            }
+            JobState::Pending | JobState::Running => Err(Problem::new(
+                Kind::InFlight,
+                format!(
+                    "Job {} of this Idempotency-Key is {}: the first request is still being processed.",
+                    job.job_id, job.state
+                ),
+            )
+            .job(job.job_id)
+            .with("state", job.state.as_str())
+            .retry_after(self.config().in_flight_retry_after)),
+            JobState::Unknown => Err(Problem::new(
+                Kind::OutcomeUnknown,
+                format!(
+                    "Job {}: the provider did not answer in time and may still have done the work; it is being reconciled.",
+                    job.job_id
+                ),
+            )
+            .job(job.job_id)
+            .with("state", job.state.as_str())
+            .retry_after(self.config().unknown_retry_after)),
+        }
+    }
+
+    /// `GET /jobs/{job_id}`: the job, if it is the caller's.
+    async fn try_show(&self, headers: &HeaderMap, job_id: &str) -> Result<Response, Problem> {
+        let owner = self.owner(headers)?;
+        let not_found = || Problem::new(Kind::NotFound, format!("There is no job {job_id}."));
+        let job_id = Uuid::parse_str(job_id).map_err(|_| not_found())?;
+        let mut conn = self.connection().await?;
+        let tx = conn.transaction().await.map_err(db_problem)?;
+        if self.config().bind_owner {
+            intent::bind_owner(&tx, &owner).await?;
+        }
+        let job = intent::get_job(&tx, job_id).await?;
+        tx.commit().await.map_err(db_problem)?;
+        // Bound, the database shows no other owner's job; unbound, this check is the only one.
+        let job = job.filter(|j| j.owner_id == owner).ok_or_else(not_found)?;
+        Ok(axum::Json(representation(job.id, job.state, job.result, job.error)).into_response())
+    }
+
+    async fn connection(&self) -> Result<deadpool_postgres::Object, Problem> {
+        self.inner.pool.get().await.map_err(|e| {
+            log(&format!("no database connection: {e}"));
+            Problem::new(Kind::Unavailable, Kind::Unavailable.title()).retry_after(1)
+        })
+    }
+}
+
+/// The JSON of a job.
+fn representation(
+    job_id: Uuid,
+    state: JobState,
+    result: Option<Value>,
+    error: Option<Value>,
+) -> Value {
+    let mut v = json!({"job_id": job_id, "state": state.as_str()});
+    if let Some(r) = result {
+        v["result"] = r;
+    }
+    if let Some(e) = error {
+        v["error"] = e;
+    }
+    v
+}
+
+fn set_location(res: &mut Response, job_id: Uuid) {
+    if let Ok(v) = HeaderValue::try_from(job_location(job_id)) {
+        res.headers_mut().insert(LOCATION, v);
+    }
+}
+
+/// `application/json` or any `+json` media type.
+fn is_json(headers: &HeaderMap) -> bool {
+    let Some(ct) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let essence = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+/// A tokio-postgres error outside the client's calls (BEGIN, COMMIT).
+fn db_problem(e: tokio_postgres::Error) -> Problem {
+    match e.code() {
+        Some(code) => {
+            let kind = if code.code().starts_with("40") {
+                Kind::Unavailable
+            } else {
+                Kind::Internal
+            };
+            let p = Problem::new(kind, kind.title()).with("sqlstate", code.code());
+            if kind == Kind::Unavailable {
+                p.retry_after(1)
+            } else {
+                p
+            }
+        }
+        None => Problem::new(Kind::Unavailable, Kind::Unavailable.title()).retry_after(1),
+    }
+}
+
+pub(crate) fn log(line: &str) {
+    eprintln!("pg_intent_gateway: {line}");
+}
+
+async fn create(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> Response {
+    let provider = gw.config().default_provider.clone();
+    gw.submit(&headers, &provider, &body).await
+}
+
+async fn create_on(
+    State(gw): State<Gateway>,
+    Path(provider): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if !gw.config().providers.contains(&provider) {
+        return Problem::new(
+            Kind::NotFound,
+            format!("There is no provider {provider:?}."),
+        )
+        .into_response();
+    }
+    gw.submit(&headers, &provider, &body).await
+}
+
+async fn show(
+    State(gw): State<Gateway>,
+    Path(job_id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    match gw.try_show(&headers, &job_id).await {
+        Ok(res) => res,
+        Err(p) => p.into_response(),
+    }
+}
+
+async fn explain(Path(slug): Path<String>) -> Response {
+    match Kind::from_slug(&slug) {
+        Some(kind) => (
+            [(CONTENT_TYPE, "text/plain; charset=utf-8")],
+            format!(
+                "{} ({})\n\n{}\n",
+                kind.title(),
+                kind.status(),
+                kind.explanation()
+            ),
+        )
+            .into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_media_types() {
+        let mut h = HeaderMap::new();
+        assert!(!is_json(&h));
+        for (ct, ok) in [
+            ("application/json", true),
+            ("application/json; charset=utf-8", true),
+            ("Application/JSON", true),
+            ("application/merge-patch+json", true),
+            ("text/plain", false),
+            ("application/jsonx", false),
+        ] {
+            h.insert(CONTENT_TYPE, ct.parse().unwrap());
+            assert_eq!(is_json(&h), ok, "{ct}");
+        }
+    }
+
+    #[test]
+    fn every_problem_has_a_page() {
+        for kind in Kind::ALL {
+            assert_eq!(Kind::from_slug(kind.slug()), Some(kind));
+            assert!(!kind.explanation().is_empty());
+        }
+    }
+}
