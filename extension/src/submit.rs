@@ -12,13 +12,14 @@ use pgrx::prelude::*;
 
 /// Inserts the job unless its key exists. ON CONFLICT DO NOTHING waits for a concurrent
 /// inserter of the same key: if that one commits we get no row, if it rolls back we insert.
-/// The arbiter is the (owner_id, idempotency_key) constraint, the one that decides "same
-/// intent"; the id is derived from that pair, so the job found by id is that key's job.
+/// Both unique indexes must be arbiters: a concurrent insert of the same intent collides on the
+/// primary key too (the id is derived from the key), and a collision on a unique index that is
+/// not an arbiter is an error (23505), not a "do nothing".
 static INSERT_JOB: Statement = Statement {
     slot: 0,
     sql: "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts, created_at, updated_at)
           VALUES ($1, $2, $3, $4, $5, $6, $7, statement_timestamp(), statement_timestamp())
-          ON CONFLICT (owner_id, idempotency_key) DO NOTHING
+          ON CONFLICT DO NOTHING
           RETURNING version",
     args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::JSONBOID, pg_sys::TEXTOID, pg_sys::INT4OID],
 };
@@ -28,7 +29,8 @@ static INSERT_JOB: Statement = Statement {
 /// attempt is past its deadline is reported as unknown: the deadline rule holds swept or not.
 static FIND_JOB: Statement = Statement {
     slot: 1,
-    sql: "SELECT j.provider = $2,
+    sql: "SELECT j.owner_id = $5 AND j.idempotency_key = $6,
+                 j.provider = $2,
                  j.params = $3,
                  j.contract IS NOT DISTINCT FROM $4,
                  CASE WHEN j.state = 'running' AND EXISTS (
@@ -44,6 +46,8 @@ static FIND_JOB: Statement = Statement {
         pg_sys::UUIDOID,
         pg_sys::TEXTOID,
         pg_sys::JSONBOID,
+        pg_sys::TEXTOID,
+        pg_sys::TEXTOID,
         pg_sys::TEXTOID,
     ],
 };
@@ -133,13 +137,24 @@ fn submit(
                     provider.into(),
                     params.into(),
                     contract.into(),
+                    owner_id.into(),
+                    key.into(),
                 ],
             );
             let Some(row) = plans::first(found) else {
                 continue;
             };
+            if !plans::must::<bool>(&row, 1) {
+                // The id is taken by another key: 112 bits of SHA-256 agreed for two different
+                // keys. Report it; never hand out another intent's job.
+                return Err(Refusal::idempotency_conflict(format!(
+                    "job id {job_id} is already taken by another (owner_id, idempotency_key)"
+                ))
+                .detail("Two different keys derived the same job id.")
+                .hint("Use another idempotency key."));
+            }
             let mut differ = Vec::new();
-            for (ordinal, field) in [(1, "provider"), (2, "params"), (3, "contract")] {
+            for (ordinal, field) in [(2, "provider"), (3, "params"), (4, "contract")] {
                 if !plans::must::<bool>(&row, ordinal) {
                     differ.push(field);
                 }
@@ -154,9 +169,9 @@ fn submit(
             return Ok(Submitted {
                 job_id,
                 created: false,
-                state: plans::must(&row, 4),
-                version: plans::must(&row, 5),
-                result: plans::get(&row, 6),
+                state: plans::must(&row, 5),
+                version: plans::must(&row, 6),
+                result: plans::get(&row, 7),
             });
         }
         Err(Refusal::serialization_failure(format!(
