@@ -1,0 +1,614 @@
+//! A local, OpenAI-compatible chat-completions server for pg_intent's contract tests: a fake
+//! model that is well-behaved, or misbehaves on purpose.
+//!
+//! [`TestProvider::start`] binds `127.0.0.1` on a free port, in-process, and answers
+//! `POST /v1/chat/completions` like an OpenAI-style API (`choices[0].message.content`). It stops
+//! when dropped. Every request is recorded ([`TestProvider::requests`]) so a test can see the
+//! rendered prompts and the temperature that reached it.
+//!
+//! The fake model knows one task, captioning a picture (the [`captions`] contract). It reads the
+//! subject from the user prompt (the text after `Subject:`) and the answer's format from the
+//! system prompt: the first JSON Schema written there (an object with `properties`). What it
+//! does with them is its [`Mode`]:
+//!
+//! | mode | answers |
+//! |---|---|
+//! | [`Mode::WellBehaved`] | one JSON object with exactly the schema's properties, the caption naming the subject (prose if the system prompt has no schema) |
+//! | [`Mode::HallucinatedKey`] | the same plus a top-level key the schema does not have (`reasoning`) |
+//! | [`Mode::IgnoresFormat`] | chatty Markdown prose, whatever the system prompt asked for |
+//! | [`Mode::CheckerRejects`] | schema-valid JSON whose caption does not name the subject |
+//! | [`Mode::ServerError`] | HTTP 503 with an OpenAI-style error body |
+//!
+//! ```no_run
+//! # async fn f() -> std::io::Result<()> {
+//! use pg_intent_test_provider::{Mode, TestProvider};
+//! let provider = TestProvider::start(Mode::WellBehaved).await?;
+//! println!("POST {}/v1/chat/completions", provider.base_url());
+//! provider.set_mode(Mode::HallucinatedKey); // the provider drifts
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+use std::convert::Infallible;
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{Map, Value, json};
+use tokio::net::TcpListener;
+use tokio::task::{JoinHandle, JoinSet};
+
+/// The largest request body accepted (1 MiB).
+const MAX_BODY: usize = 1 << 20;
+
+/// How the fake model behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Follows the system prompt's format: one JSON object with exactly the schema's properties,
+    /// whose caption names the subject.
+    WellBehaved,
+    /// Follows the format but adds a top-level key the schema does not have (`reasoning`).
+    HallucinatedKey,
+    /// Ignores the system prompt's format: answers in Markdown prose.
+    IgnoresFormat,
+    /// Schema-valid JSON that business logic cannot use: the caption does not name the subject,
+    /// so the contract's checker rejects it.
+    CheckerRejects,
+    /// Answers HTTP 503 (overloaded) to every request.
+    ServerError,
+}
+
+impl Mode {
+    /// Every mode.
+    pub const ALL: [Mode; 5] = [
+        Mode::WellBehaved,
+        Mode::HallucinatedKey,
+        Mode::IgnoresFormat,
+        Mode::CheckerRejects,
+        Mode::ServerError,
+    ];
+
+    /// The mode's name on the command line: `well-behaved`, `hallucinated-key`, ….
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::WellBehaved => "well-behaved",
+            Mode::HallucinatedKey => "hallucinated-key",
+            Mode::IgnoresFormat => "ignores-format",
+            Mode::CheckerRejects => "checker-rejects",
+            Mode::ServerError => "server-error",
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Mode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Mode::ALL
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Mode::ALL.iter().map(|m| m.as_str()).collect();
+                format!("unknown mode {s:?} (one of: {})", names.join(", "))
+            })
+    }
+}
+
+/// A chat-completions request as the server received it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Received {
+    /// `model`.
+    pub model: Option<String>,
+    /// The system messages' text, joined by newlines.
+    pub system: String,
+    /// The user messages' text, joined by newlines.
+    pub user: String,
+    /// `temperature`, if sent.
+    pub temperature: Option<f64>,
+    /// `max_tokens` (or `max_completion_tokens`), if sent.
+    pub max_tokens: Option<u64>,
+    /// Whether an `Authorization` header was sent (its value is never kept).
+    pub authorized: bool,
+    /// The whole request body.
+    pub body: Value,
+}
+
+/// What the fake model answers: the assistant message's text, or an HTTP error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// `choices[0].message.content`.
+    Content(String),
+    /// An HTTP error status and its message.
+    Error(u16, String),
+}
+
+struct State {
+    mode: Mutex<Mode>,
+    requests: Mutex<Vec<Received>>,
+    served: AtomicU64,
+}
+
+/// A running test provider on `127.0.0.1`; it stops (with its open connections) when dropped.
+pub struct TestProvider {
+    addr: SocketAddr,
+    state: Arc<State>,
+    task: JoinHandle<()>,
+}
+
+impl fmt::Debug for TestProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TestProvider")
+            .field("addr", &self.addr)
+            .field("mode", &self.mode())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TestProvider {
+    /// Starts a provider in `mode` on `127.0.0.1`, on a free port, on the current tokio runtime.
+    pub async fn start(mode: Mode) -> std::io::Result<TestProvider> {
+        TestProvider::bind(SocketAddr::from(([127, 0, 0, 1], 0)), mode).await
+    }
+
+    /// Starts a provider in `mode` on `addr` (port 0: a free one).
+    pub async fn bind(addr: SocketAddr, mode: Mode) -> std::io::Result<TestProvider> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(State {
+            mode: Mutex::new(mode),
+            requests: Mutex::new(Vec::new()),
+            served: AtomicU64::new(0),
+        });
+        let task = tokio::spawn(accept(listener, state.clone()));
+        Ok(TestProvider { addr, state, task })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT`: the base URL an OpenAI-compatible client is given (it posts to
+    /// `{base_url}/v1/chat/completions`).
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The current mode.
+    pub fn mode(&self) -> Mode {
+        *self
+            .state
+            .mode
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Changes the mode for the next requests: a provider that drifts after certification.
+    pub fn set_mode(&self, mode: Mode) {
+        *self
+            .state
+            .mode
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = mode;
+    }
+
+    /// The chat-completions requests received so far, in order.
+    pub fn requests(&self) -> Vec<Received> {
+        self.state
+            .requests
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Drop for TestProvider {
+    fn drop(&mut self) {
+        // Dropping the accept loop drops its JoinSet, which aborts every connection task.
+        self.task.abort();
+    }
+}
+
+async fn accept(listener: TcpListener, state: Arc<State>) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let state = state.clone();
+                connections.spawn(async move {
+                    let service = service_fn(move |req| handle(state.clone(), req));
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+fn respond(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .expect("a valid response")
+}
+
+fn error_body(message: &str, kind: &str) -> Value {
+    json!({"error": {"message": message, "type": kind, "param": null, "code": null}})
+}
+
+async fn handle(
+    state: Arc<State>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (parts, body) = req.into_parts();
+    if parts.uri.path().trim_end_matches('/') != "/v1/chat/completions" {
+        let message = format!("no route for {}", parts.uri.path());
+        return Ok(respond(
+            StatusCode::NOT_FOUND,
+            &error_body(&message, "invalid_request_error"),
+        ));
+    }
+    if parts.method != Method::POST {
+        return Ok(respond(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &error_body("use POST", "invalid_request_error"),
+        ));
+    }
+    let bytes = match Limited::new(body, MAX_BODY).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => {
+            return Ok(respond(
+                StatusCode::BAD_REQUEST,
+                &error_body(
+                    &format!("could not read the body: {e}"),
+                    "invalid_request_error",
+                ),
+            ));
+        }
+    };
+    let authorized = parts.headers.contains_key(hyper::header::AUTHORIZATION);
+    let received = match serde_json::from_slice::<Value>(&bytes)
+        .map_err(|e| format!("the body is not JSON: {e}"))
+        .and_then(|body| Received::from_body(body, authorized))
+    {
+        Ok(r) => r,
+        Err(message) => {
+            return Ok(respond(
+                StatusCode::BAD_REQUEST,
+                &error_body(&message, "invalid_request_error"),
+            ));
+        }
+    };
+    let mode = *state.mode.lock().unwrap_or_else(PoisonError::into_inner);
+    let answer = answer(mode, &received.system, &received.user);
+    let model = received.model.clone().unwrap_or_else(|| "fake".into());
+    let prompt_chars = received.system.chars().count() + received.user.chars().count();
+    state
+        .requests
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(received);
+    let n = state.served.fetch_add(1, Ordering::Relaxed) + 1;
+    Ok(match answer {
+        Answer::Content(content) => {
+            let completion_chars = content.chars().count();
+            respond(
+                StatusCode::OK,
+                &json!({
+                    "id": format!("chatcmpl-test-{n}"),
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": model,
+                    "choices": [{
+                        "index": 0,
+                        "message": {"role": "assistant", "content": content},
+                        "finish_reason": "stop"
+                    }],
+                    "usage": {
+                        "prompt_tokens": prompt_chars / 4,
+                        "completion_tokens": completion_chars / 4,
+                        "total_tokens": (prompt_chars + completion_chars) / 4
+                    }
+                }),
+            )
+        }
+        Answer::Error(status, message) => respond(
+            StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            &error_body(&message, "server_error"),
+        ),
+    })
+}
+
+impl Received {
+    fn from_body(body: Value, authorized: bool) -> Result<Received, String> {
+        let messages = body
+            .get("messages")
+            .and_then(Value::as_array)
+            .ok_or("messages must be an array")?;
+        let mut system = Vec::new();
+        let mut user = Vec::new();
+        for m in messages {
+            let role = m
+                .get("role")
+                .and_then(Value::as_str)
+                .ok_or("a message has no role")?;
+            let text = match m.get("content") {
+                Some(Value::String(s)) => s.clone(),
+                // The array form: [{"type": "text", "text": "…"}, …].
+                Some(Value::Array(parts)) => parts
+                    .iter()
+                    .filter_map(|p| p.get("text").and_then(Value::as_str))
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+                _ => return Err(format!("a {role} message has no content")),
+            };
+            match role {
+                "system" | "developer" => system.push(text),
+                "user" => user.push(text),
+                _ => {}
+            }
+        }
+        Ok(Received {
+            model: body
+                .get("model")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            system: system.join("\n"),
+            user: user.join("\n"),
+            temperature: body.get("temperature").and_then(Value::as_f64),
+            max_tokens: body
+                .get("max_tokens")
+                .or_else(|| body.get("max_completion_tokens"))
+                .and_then(Value::as_u64),
+            authorized,
+            body,
+        })
+    }
+}
+
+/// What the fake model answers in `mode` to a system and a user prompt (the server's whole
+/// behaviour, without the HTTP).
+pub fn answer(mode: Mode, system: &str, user: &str) -> Answer {
+    let subject = subject_of(user);
+    let schema = schema_in(system);
+    let naming = format!("A photo of {subject}.");
+    match (mode, schema) {
+        (Mode::ServerError, _) => Answer::Error(503, "the model is overloaded".into()),
+        (Mode::IgnoresFormat, _) | (_, None) => Answer::Content(format!(
+            "Sure! Here is a caption for **{subject}**:\n\n> {naming}\n\nLet me know if you would like another one."
+        )),
+        (Mode::WellBehaved, Some(schema)) => {
+            Answer::Content(Value::Object(instance(&schema, &subject, &naming)).to_string())
+        }
+        (Mode::HallucinatedKey, Some(schema)) => {
+            let mut object = instance(&schema, &subject, &naming);
+            object.insert(
+                "reasoning".into(),
+                json!(format!(
+                    "The user asked about {subject}, so the caption names it."
+                )),
+            );
+            Answer::Content(Value::Object(object).to_string())
+        }
+        (Mode::CheckerRejects, Some(schema)) => Answer::Content(
+            Value::Object(instance(
+                &schema,
+                &subject,
+                "A lovely picture, full of atmosphere.",
+            ))
+            .to_string(),
+        ),
+    }
+}
+
+/// The subject: the text after the last `Subject:` of the user prompt, else the whole prompt.
+fn subject_of(user: &str) -> String {
+    user.lines()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix("Subject:"))
+        .unwrap_or(user)
+        .trim()
+        .to_string()
+}
+
+/// The first JSON object with `properties` written in the system prompt.
+fn schema_in(system: &str) -> Option<Value> {
+    system
+        .char_indices()
+        .filter(|&(_, c)| c == '{')
+        .find_map(|(i, _)| {
+            let value = serde_json::Deserializer::from_str(&system[i..])
+                .into_iter::<Value>()
+                .next()?
+                .ok()?;
+            value
+                .get("properties")
+                .is_some_and(Value::is_object)
+                .then_some(value)
+        })
+}
+
+/// An object with exactly the schema's properties: `subject` and `caption` as given, the
+/// others a plausible value of their type.
+fn instance(schema: &Value, subject: &str, caption: &str) -> Map<String, Value> {
+    let mut out = Map::new();
+    let Some(properties) = schema.get("properties").and_then(Value::as_object) else {
+        return out;
+    };
+    for (name, property) in properties {
+        let value = match name.as_str() {
+            "subject" => json!(subject),
+            "caption" => json!(caption),
+            _ => plausible(property, subject),
+        };
+        out.insert(name.clone(), value);
+    }
+    out
+}
+
+fn plausible(property: &Value, subject: &str) -> Value {
+    if let Some(c) = property.get("const") {
+        return c.clone();
+    }
+    if let Some(first) = property
+        .get("enum")
+        .and_then(Value::as_array)
+        .and_then(|e| e.first())
+    {
+        return first.clone();
+    }
+    let ty = match property.get("type") {
+        Some(Value::Array(types)) => types.first().and_then(Value::as_str),
+        Some(t) => t.as_str(),
+        None => None,
+    };
+    let min = property.get("minimum").and_then(Value::as_f64);
+    let max = property.get("maximum").and_then(Value::as_f64);
+    match ty {
+        Some("number") => {
+            let lo = min.unwrap_or(0.0);
+            let hi = max.unwrap_or(lo + 1.0);
+            json!(lo + 0.9 * (hi - lo))
+        }
+        Some("integer") => json!(min.map_or(1, |m| m.ceil() as i64)),
+        Some("boolean") => json!(true),
+        Some("array") => json!([]),
+        Some("object") => json!({}),
+        Some("null") => Value::Null,
+        _ => json!(subject),
+    }
+}
+
+/// The contract the fake model's task is tested against: captions that must name their
+/// subject. Shared by the client's tests and the demo.
+pub mod captions {
+    use serde_json::{Value, json};
+
+    /// The contract's name.
+    pub const CONTRACT: &str = "captions-v1";
+
+    /// The checker's signature, as `intent.define_contract` takes it.
+    pub const CHECKER: &str = "public.caption_mentions_subject(jsonb)";
+
+    /// Creates the checker: business logic can only use a caption that names its subject. It
+    /// lives in `public`, which `intent_owner` (the role checkers run as) may use.
+    pub const CHECKER_SQL: &str = "\
+CREATE OR REPLACE FUNCTION public.caption_mentions_subject(result jsonb) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$ SELECT strpos(lower(result->>'caption'), lower(result->>'subject')) > 0 $$;
+COMMENT ON FUNCTION public.caption_mentions_subject(jsonb) IS
+  'Checker of contract captions-v1: the caption must name its subject.';";
+
+    /// The subjects of the contract-test suite.
+    pub const SUBJECTS: [&str; 5] = [
+        "a red fox in the snow",
+        "the Eiffel Tower at night",
+        "two cats asleep on a sofa",
+        "ein Fahrrad im Regen",
+        "a bowl of ramen",
+    ];
+
+    /// The output schema: exactly `subject`, `caption` and `confidence`, nothing else.
+    pub fn schema() -> Value {
+        json!({
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["subject", "caption", "confidence"],
+            "properties": {
+                "subject": {"type": "string", "minLength": 1, "maxLength": 200},
+                "caption": {"type": "string", "minLength": 1, "maxLength": 500},
+                "confidence": {"type": "number", "minimum": 0, "maximum": 1}
+            }
+        })
+    }
+
+    /// A job's params (and a test case's input): `{"subject": …}`.
+    pub fn input(subject: &str) -> Value {
+        json!({ "subject": subject })
+    }
+
+    /// The system prompt: the task, and the format as the contract's JSON Schema.
+    pub fn system_prompt() -> String {
+        format!(
+            "You write captions for pictures.\n\
+             Answer with exactly one JSON object and nothing else: no prose, no Markdown, no code fences.\n\
+             It must validate against this JSON Schema (draft 2020-12):\n{}\n\
+             The caption is one sentence that names the subject.",
+            schema()
+        )
+    }
+
+    /// The user prompt for one input (`{"subject": …}`).
+    pub fn user_prompt(input: &Value) -> String {
+        let subject = input.get("subject").and_then(Value::as_str).unwrap_or("");
+        format!("Caption this picture.\nSubject: {subject}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(a: Answer) -> Value {
+        match a {
+            Answer::Content(c) => serde_json::from_str(&c).unwrap(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_mode_answers_as_documented() {
+        let system = captions::system_prompt();
+        let user = captions::user_prompt(&captions::input("a red fox"));
+        let good = parsed(answer(Mode::WellBehaved, &system, &user));
+        assert_eq!(
+            good,
+            json!({"subject": "a red fox", "caption": "A photo of a red fox.", "confidence": 0.9})
+        );
+        let extra = parsed(answer(Mode::HallucinatedKey, &system, &user));
+        assert!(extra.get("reasoning").is_some());
+        assert_eq!(extra.as_object().unwrap().len(), 4);
+        let Answer::Content(prose) = answer(Mode::IgnoresFormat, &system, &user) else {
+            panic!()
+        };
+        assert!(serde_json::from_str::<Value>(&prose).is_err(), "{prose}");
+        let lazy = parsed(answer(Mode::CheckerRejects, &system, &user));
+        assert!(!lazy["caption"].as_str().unwrap().contains("red fox"));
+        assert_eq!(lazy["subject"], "a red fox");
+        assert!(matches!(
+            answer(Mode::ServerError, &system, &user),
+            Answer::Error(503, _)
+        ));
+        // No format asked for: even a well-behaved model answers in prose.
+        let Answer::Content(prose) = answer(Mode::WellBehaved, "Be helpful.", &user) else {
+            panic!()
+        };
+        assert!(prose.contains("a red fox"));
+    }
+
+    #[test]
+    fn modes_parse_by_name() {
+        for m in Mode::ALL {
+            assert_eq!(m.as_str().parse::<Mode>().unwrap(), m);
+        }
+        assert!("polite".parse::<Mode>().is_err());
+    }
+}
