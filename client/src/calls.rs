@@ -11,7 +11,7 @@ use crate::error::{Context, Error};
 use crate::exec::{Call, Executor};
 use crate::types::{
     Attempt, AttemptRecord, BeginOptions, Completion, IntervalArg, IntervalValue, JobRecord,
-    JobState, JsonArg, NewJob, RawJson, Submitted,
+    JobState, JsonArg, NewJob, RawJson, Submitted, Validation,
 };
 
 /// The longest `reason` the server accepts, in characters.
@@ -325,6 +325,35 @@ pub async fn revoke_certification(
     )
     .await?;
     get(&row, 0)
+}
+
+/// `intent.validate_result`: checks `result` against a contract — its JSON Schema, then its
+/// checker — as `complete_attempt` would, without writing anything. The database decides, so
+/// a contract test and a completion can never disagree.
+///
+/// An undefined contract is [`Error::InvalidInput`]. Callable by `intent_app`.
+pub async fn validate_result(
+    db: &(impl Executor + ?Sized),
+    contract: &str,
+    result: &(impl Serialize + ?Sized),
+) -> Result<Validation, Error> {
+    let result = JsonArg::new(result)?;
+    let row = query_one(
+        db,
+        Call::ValidateResult,
+        &[&contract, &result],
+        Context::default(),
+    )
+    .await?;
+    let errors = match decode_value(&row, 1)? {
+        Some(serde_json::Value::Array(errors)) => errors,
+        Some(serde_json::Value::Null) | None => Vec::new(),
+        Some(other) => vec![other],
+    };
+    Ok(Validation {
+        valid: get(&row, 0)?,
+        errors,
+    })
 }
 
 /// Binds the current transaction to one owner (`SET LOCAL intent.owner_id`): until it ends,

@@ -51,6 +51,8 @@ pub enum Call {
     RevokeCertification,
     /// Binds the transaction to one owner (`set_config('intent.owner_id', …, true)`).
     BindOwner,
+    /// `intent.validate_result`.
+    ValidateResult,
 }
 
 /// The start of the `intent.attempts` reads: the columns [`crate::AttemptRecord`] is read from.
@@ -63,7 +65,7 @@ macro_rules! select_attempts {
 
 impl Call {
     /// Every call, in the order of their cache slots.
-    pub const ALL: [Call; 16] = [
+    pub const ALL: [Call; 17] = [
         Call::SubmitJob,
         Call::BeginAttempt,
         Call::CompleteAttempt,
@@ -80,6 +82,7 @@ impl Call {
         Call::CertifyProvider,
         Call::RevokeCertification,
         Call::BindOwner,
+        Call::ValidateResult,
     ];
 
     /// The SQL text. Enum results are cast to `text` so that preparing needs no look-up of the
@@ -117,6 +120,7 @@ impl Call {
             Call::CertifyProvider => "SELECT intent.certify_provider($1, $2, $3, $4)",
             Call::RevokeCertification => "SELECT intent.revoke_certification($1, $2, $3)",
             Call::BindOwner => "SELECT pg_catalog.set_config('intent.owner_id', $1, true)",
+            Call::ValidateResult => "SELECT valid, errors FROM intent.validate_result($1, $2)",
         }
     }
 
@@ -143,6 +147,7 @@ impl Call {
             Call::CertifyProvider => &[Type::TEXT, Type::TEXT, Type::JSONB, Type::INTERVAL],
             Call::RevokeCertification => &[Type::TEXT, Type::TEXT, Type::TEXT],
             Call::BindOwner => &[Type::TEXT],
+            Call::ValidateResult => &[Type::TEXT, Type::JSONB],
         }
     }
 

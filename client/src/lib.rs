@@ -6,11 +6,11 @@
 //!
 //! * **One function per SQL function**, typed end to end: [`submit_job`], [`begin_attempt`],
 //!   [`complete_attempt`], [`fail_attempt`], [`mark_unknown`], [`heartbeat`],
-//!   [`abandon_attempt`], [`cancel_job`], [`sweep`], and for administrators
-//!   [`define_contract`], [`certify_provider`], [`revoke_certification`]. Ids are [`Uuid`]s,
-//!   states are enums ([`JobState`], [`AttemptState`], [`Completion`]), params and results are
-//!   any `Serialize` / `DeserializeOwned`. The fencing token is inside the [`Attempt`] handle that
-//!   [`begin_attempt`] returns, so a caller cannot present the wrong one.
+//!   [`abandon_attempt`], [`cancel_job`], [`sweep`], [`validate_result`], and for
+//!   administrators [`define_contract`], [`certify_provider`], [`revoke_certification`]. Ids
+//!   are [`Uuid`]s, states are enums ([`JobState`], [`AttemptState`], [`Completion`]), params
+//!   and results are any `Serialize` / `DeserializeOwned`. The fencing token is inside the
+//!   [`Attempt`] handle that [`begin_attempt`] returns, so a caller cannot present the wrong one.
 //! * **Errors by SQLSTATE**: [`Error`] has a variant per `IJ0xx` code and for bad input
 //!   (`22023`), with the DETAIL's facts as fields; other database errors and connection errors
 //!   are kept apart, with the SQLSTATE at [`Error::code`].
@@ -115,13 +115,14 @@ mod worker;
 pub use calls::{
     MAX_REASON_CHARS, abandon_attempt, begin_attempt, bind_owner, cancel_job, certify_provider,
     complete_attempt, define_contract, fail_attempt, get_attempt, get_job, heartbeat, mark_unknown,
-    revoke_certification, submit_job, sweep, unknown_attempts,
+    revoke_certification, submit_job, sweep, unknown_attempts, validate_result,
 };
 pub use error::Error;
 pub use exec::{Cached, Call, Connection, Executor, StatementCache, Transaction};
 pub use types::{
     Attempt, AttemptRecord, AttemptState, BeginOptions, Completion, DEFAULT_LEASE,
     DEFAULT_MAX_ATTEMPTS, FingerprintField, JobRecord, JobState, NewJob, Submitted, UnknownLabel,
+    Validation,
 };
 pub use worker::{Failover, Run, WorkError, Worker};
 

@@ -225,6 +225,16 @@ pub struct Submitted<R> {
     pub result: Option<R>,
 }
 
+/// The answer of `intent.validate_result`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Validation {
+    /// Whether the result satisfies the contract (schema and checker).
+    pub valid: bool,
+    /// Why not: `{"path", "message"}` for each schema error (the first 20), or `{"checker"}`
+    /// for the checker's refusal. Empty when valid.
+    pub errors: Vec<serde_json::Value>,
+}
+
 /// The options of `intent.begin_attempt`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BeginOptions<'a> {
