@@ -24,6 +24,11 @@
 //!   right version and stops when a heartbeat says so. [`Worker::run_failover`] tries the next
 //!   provider only when the gate allows and answers [`Failover::ReconcileFirst`] instead of
 //!   starting a second attempt while an outcome is unknown.
+//! * **Certification by evidence**: the [`harness`] runs a contract's test suite through the
+//!   real round trip (render the prompt, call the provider, parse) against any
+//!   [`harness::Provider`] — an OpenAI-compatible API with the `openai` feature — has the
+//!   database judge every output ([`validate_result`]), and calls [`certify_provider`] with the
+//!   evidence only when every run of every case passed.
 //! * **Ids before the database**: [`job_id`] and [`attempt_id`] compute the SPEC's derived ids
 //!   (from [`pg_intent_id`]), so a load balancer or a log line can name a job first.
 //!
@@ -103,12 +108,15 @@
 //! # Ok(()) }
 //! ```
 //!
-//! See `examples/` for a submitting service, a worker and a reconciler.
+//! See `examples/` for a submitting service, a worker, a reconciler, and the failover demo
+//! (`failover_demo`: a failover refused, a provider certified by the harness, the failover
+//! allowed).
 #![warn(missing_docs)]
 
 mod calls;
 mod error;
 mod exec;
+pub mod harness;
 mod types;
 mod worker;
 
