@@ -7,7 +7,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$ROOT"
 
 setup_all
+# Act 2 is a Rust program (the client, its contract-test harness, and local HTTP test
+# providers): build it before the story starts, so that compiling does not interrupt it.
+log "building the failover demo (client/examples/failover_demo.rs)"
+cargo build -q -p pg_intent_client --example failover_demo
 start_cluster
 psql -X -q -c "CREATE EXTENSION pg_intent"
 psql -X -q -f "$ROOT/demo/story.sql"
+"$CARGO_TARGET_DIR/debug/examples/failover_demo"
+psql -X -q -f "$ROOT/demo/failover.sql"
 log "demo finished; the throwaway cluster is being removed"

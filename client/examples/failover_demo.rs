@@ -1,0 +1,262 @@
+//! The second act of the demo: failover needs a certified provider, and the contract-test
+//! harness is how a provider earns it.
+//!
+//! Run by `scripts/demo.sh` against its throwaway cluster (`PGHOST`, `PGPORT`, `PGUSER`,
+//! `PGDATABASE`, as psql reads them); by hand:
+//!
+//! ```sh
+//! PGHOST=/tmp/… PGPORT=5433 PGUSER=postgres cargo run -q -p pg_intent_client --example failover_demo
+//! ```
+//!
+//! It starts three OpenAI-compatible test providers on loopback (`pg_intent_test_provider`):
+//! gpu-a is overloaded (HTTP 503), gpu-b is well-behaved, gpu-c adds a key the contract does not
+//! have. Every answer below comes from PostgreSQL or over HTTP from those providers.
+
+use std::time::Duration;
+
+use pg_intent_client::harness::{
+    self, ContractSuite, Failure, OpenAiCompatible, Prompt, Provider, RunOptions,
+};
+use pg_intent_client::{
+    self as intent, Attempt, BeginOptions, Connection, Error, Failover, NewJob, Run, Submitted,
+    WorkError, Worker,
+};
+use pg_intent_test_provider::{Mode, TestProvider, captions};
+use serde_json::{Value, json};
+
+type Failed = Box<dyn std::error::Error>;
+
+fn step(title: &str) {
+    let rule = 92usize.saturating_sub(title.chars().count() + 4);
+    println!("\n── {title} {}", "─".repeat(rule));
+}
+
+fn say(text: &str) {
+    println!("   {text}");
+}
+
+/// A refusal, the way psql prints one.
+fn print_refusal(err: &Error) {
+    match err.db_error() {
+        Some(db) => {
+            println!("ERROR:  {}", db.message());
+            if let Some(detail) = db.detail() {
+                println!("DETAIL:  {detail}");
+            }
+            if let Some(hint) = db.hint() {
+                println!("HINT:  {hint}");
+            }
+            println!("   SQLSTATE {}", db.code().code());
+        }
+        None => println!("ERROR:  {err}"),
+    }
+}
+
+async fn connect() -> Result<Connection, Failed> {
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host(std::env::var("PGHOST").as_deref().unwrap_or("localhost"))
+        .port(
+            std::env::var("PGPORT")
+                .ok()
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(5432),
+        )
+        .user(std::env::var("PGUSER").as_deref().unwrap_or("postgres"))
+        .dbname(std::env::var("PGDATABASE").as_deref().unwrap_or("postgres"))
+        .application_name("failover_demo");
+    let (client, conn) = config.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            eprintln!("connection error: {e}");
+        }
+    });
+    Ok(Connection::new(client))
+}
+
+/// The contract-test suite: the prompts production sends, one case per subject.
+fn suite() -> ContractSuite {
+    let mut suite = ContractSuite::new(captions::CONTRACT, |input| Prompt {
+        system: captions::system_prompt(),
+        user: captions::user_prompt(input),
+    });
+    for subject in captions::SUBJECTS {
+        suite = suite.case(subject, captions::input(subject));
+    }
+    suite
+}
+
+fn options() -> RunOptions {
+    RunOptions::default()
+        .runs_per_case(3)
+        .temperature(0.1)
+        .call_timeout(Duration::from_secs(10))
+        .valid_for(Duration::from_secs(7 * 86_400))
+}
+
+/// The worker's call: the suite's round trip (render, call, parse). A provider error is a
+/// definite, retryable failure, recorded with its HTTP status.
+async fn caption(provider: &OpenAiCompatible, input: &Value) -> Result<Value, WorkError<Value>> {
+    suite()
+        .ask(provider, input, &options())
+        .await
+        .map_err(|failure| match failure {
+            Failure::Provider(e) => WorkError::retryable(json!({
+                "provider": provider.name(), "status": e.status, "message": e.message,
+            })),
+            other => WorkError::retryable(json!({
+                "provider": provider.name(), "message": other.to_string(),
+            })),
+        })
+}
+
+async fn certify(db: &Connection, provider: &OpenAiCompatible) -> Result<(), Failed> {
+    let options = options();
+    say(&format!(
+        "{} cases × {} runs at temperature {}, each output checked by intent.validate_result():",
+        captions::SUBJECTS.len(),
+        options.runs_per_case,
+        options.temperature
+    ));
+    let report = harness::run(db, provider, &suite(), &options).await?;
+    for case in &report.cases {
+        let marks: Vec<&str> = case
+            .runs
+            .iter()
+            .map(|r| if r.passed() { "pass" } else { "FAIL" })
+            .collect();
+        let said = match (
+            case.first_failure(),
+            case.runs.first().and_then(|r| r.output.as_ref()),
+        ) {
+            (Some(failure), _) => failure.to_string(),
+            (None, Some(output)) => output["caption"].to_string(),
+            (None, None) => String::new(),
+        };
+        say(&format!("  {:<28} {}  {said}", case.name, marks.join(" ")));
+    }
+    if report.certified() {
+        say(&format!("→ {} {}", provider.name(), report.verdict));
+    } else {
+        say(&format!(
+            "→ {} refused: {} of {} cases failed; nothing was recorded",
+            provider.name(),
+            report.failed_cases().count(),
+            report.cases.len()
+        ));
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Failed> {
+    let db = connect().await?;
+
+    println!(
+        "\n══ Act 2: failover needs a provider certified for the job's contract ═════════════════════"
+    );
+
+    step("13. The captions contract: its shape, and what business logic needs.");
+    db.batch_execute(captions::CHECKER_SQL).await?;
+    let version = intent::define_contract(
+        &db,
+        captions::CONTRACT,
+        &captions::schema(),
+        Some(captions::CHECKER),
+    )
+    .await?;
+    say(&format!("schema:  {}", captions::schema()));
+    say(&format!(
+        "checker: {} (the caption must name its subject)",
+        captions::CHECKER
+    ));
+    say(&format!(
+        "intent.define_contract('{}', …) → version {version}",
+        captions::CONTRACT
+    ));
+
+    step("14. Three providers speak the OpenAI chat-completions API on loopback.");
+    let a = TestProvider::start(Mode::ServerError).await?;
+    let b = TestProvider::start(Mode::WellBehaved).await?;
+    let c = TestProvider::start(Mode::HallucinatedKey).await?;
+    let gpu_a = OpenAiCompatible::new("gpu-a", &a.base_url(), "captioner-1");
+    let gpu_b = OpenAiCompatible::new("gpu-b", &b.base_url(), "captioner-2");
+    let gpu_c = OpenAiCompatible::new("gpu-c", &c.base_url(), "captioner-3");
+    say(&format!(
+        "gpu-a  {}  overloaded: answers 503",
+        gpu_a.endpoint()
+    ));
+    say(&format!("gpu-b  {}  well-behaved", gpu_b.endpoint()));
+    say(&format!(
+        "gpu-c  {}  adds a top-level key of its own",
+        gpu_c.endpoint()
+    ));
+    let by_name = |name: &str| match name {
+        "gpu-a" => gpu_a.clone(),
+        "gpu-b" => gpu_b.clone(),
+        _ => gpu_c.clone(),
+    };
+
+    step("15. Bob asks for a caption. gpu-a answers 503: nothing happened, so he may fail over.");
+    let input = captions::input("a red fox in the snow");
+    let submitted: Submitted<Value> = intent::submit_job(
+        &db,
+        &NewJob::new("bob", "caption-1", "gpu-a", &input).contract(captions::CONTRACT),
+    )
+    .await?;
+    let job = submitted.job_id;
+    say(&format!(
+        "submit_job('bob', 'caption-1', 'gpu-a', {input}, contract => '{}')",
+        captions::CONTRACT
+    ));
+    let worker = Worker::new(&db, Duration::from_secs(10)).name("demo-worker");
+    let work = |attempt: Attempt| {
+        let provider = by_name(attempt.provider().unwrap_or("gpu-a"));
+        let input = input.clone();
+        async move { caption(&provider, &input).await }
+    };
+    match worker.run(job, None, work).await? {
+        Run::Failed {
+            attempt,
+            error,
+            job_state,
+            ..
+        } => say(&format!(
+            "attempt {} on gpu-a: failed {error}; the job is {job_state}",
+            attempt.attempt_no()
+        )),
+        other => say(&format!("unexpected: {other:?}")),
+    }
+
+    step("16. Failover to gpu-b: refused. Nobody has shown that gpu-b meets the contract.");
+    match intent::begin_attempt(&db, job, BeginOptions::new().provider("gpu-b")).await {
+        Err(e) => print_refusal(&e),
+        Ok(a) => say(&format!("unexpected: attempt {} began", a.attempt_no())),
+    }
+
+    step("17. The contract-test harness tries gpu-c; the database judges every answer.");
+    certify(&db, &gpu_c).await?;
+
+    step("18. The harness tries gpu-b: every run passes, so the evidence is recorded.");
+    certify(&db, &gpu_b).await?;
+
+    step("19. The same failover is now allowed; gpu-b's answer is checked against the contract.");
+    match worker.run_failover(job, &["gpu-b"], work).await? {
+        Failover::Completed {
+            attempt,
+            completion,
+            result,
+        } => say(&format!(
+            "attempt {} on {}: {completion}  {result}",
+            attempt.attempt_no(),
+            attempt.provider().unwrap_or("?")
+        )),
+        other => say(&format!("unexpected: {other:?}")),
+    }
+    let job_row = intent::get_job(&db, job).await?.expect("the job exists");
+    say(&format!(
+        "the job is {}, version {}",
+        job_row.state, job_row.version
+    ));
+    Ok(())
+}
