@@ -21,7 +21,7 @@ pub struct Statement {
 }
 
 /// How many statements the protocol has (the cache's size).
-pub const SLOTS: usize = 32;
+pub const SLOTS: usize = 64;
 
 thread_local! {
     static CACHE: RefCell<Vec<Option<Rc<OwnedPreparedStatement>>>> =

@@ -9,6 +9,7 @@ use pgrx::IntoDatum;
 use pgrx::Uuid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
 
 /// Inserts the job unless its key exists. ON CONFLICT DO NOTHING waits for a concurrent
 /// inserter of the same key: if that one commits we get no row, if it rolls back we insert.
@@ -33,11 +34,7 @@ static FIND_JOB: Statement = Statement {
                  j.provider = $2,
                  j.params = $3,
                  j.contract IS NOT DISTINCT FROM $4,
-                 CASE WHEN j.state = 'running' AND EXISTS (
-                          SELECT 1 FROM intent.attempts a
-                           WHERE a.job_id = j.id AND a.state = 'started'
-                             AND a.deadline <= statement_timestamp())
-                      THEN 'unknown' ELSE j.state::text END,
+                 j.state::text,
                  j.version,
                  j.result
             FROM intent.jobs j
@@ -50,6 +47,17 @@ static FIND_JOB: Statement = Statement {
         pg_sys::TEXTOID,
         pg_sys::TEXTOID,
     ],
+};
+
+/// For a running job: whether its attempt ran out of lease, which makes the job unknown (the
+/// deadline rule holds swept or not). A separate statement, because most replays find a job
+/// that is not running, and every expression in a statement costs at each execution.
+static RUNNING_LAPSED: Statement = Statement {
+    slot: 31,
+    sql: "SELECT EXISTS (SELECT 1 FROM intent.attempts a
+                          WHERE a.job_id = $1 AND a.state = 'started'
+                            AND a.deadline <= statement_timestamp())",
+    args: &[pg_sys::UUIDOID],
 };
 
 struct Submitted {
@@ -104,6 +112,19 @@ fn submit(
         if let Some(contract) = contract {
             crate::contract::current_version(client, contract)?;
         }
+        let intent = Intent {
+            job_id,
+            owner_id,
+            key,
+            provider,
+            params,
+            contract,
+        };
+        // Most submits of an existing key are replays (the double click, the retry): look first,
+        // and skip the insert, whose constraint checks cost more than the lookup.
+        if let Some(answer) = find(client, &intent) {
+            return answer;
+        }
         // A conflict whose row then cannot be found was deleted in between (a purge): the key is
         // free again, so insert again. Three rounds is plenty; more means something is wrong.
         for _ in 0..3 {
@@ -129,54 +150,81 @@ fn submit(
                     result: None,
                 });
             }
-            let found = plans::run(
-                client,
-                &FIND_JOB,
-                &[
-                    job_id.into(),
-                    provider.into(),
-                    params.into(),
-                    contract.into(),
-                    owner_id.into(),
-                    key.into(),
-                ],
-            );
-            let Some(row) = plans::first(found) else {
-                continue;
-            };
-            if !plans::must::<bool>(&row, 1) {
-                // The id is taken by another key: 112 bits of SHA-256 agreed for two different
-                // keys. Report it; never hand out another intent's job.
-                return Err(Refusal::idempotency_conflict(format!(
-                    "job id {job_id} is already taken by another (owner_id, idempotency_key)"
-                ))
-                .detail("Two different keys derived the same job id.")
-                .hint("Use another idempotency key."));
+            if let Some(answer) = find(client, &intent) {
+                return answer;
             }
-            let mut differ = Vec::new();
-            for (ordinal, field) in [(2, "provider"), (3, "params"), (4, "contract")] {
-                if !plans::must::<bool>(&row, ordinal) {
-                    differ.push(field);
-                }
-            }
-            if !differ.is_empty() {
-                return Err(Refusal::idempotency_conflict(format!(
-                    "idempotency key \"{key}\" of owner \"{owner_id}\" was already used for a different intent"
-                ))
-                .detail(format!("Job {job_id} exists with a different {}.", differ.join(", ")))
-                .hint("Resend exactly the original provider, params and contract to get the existing job, or use a new idempotency key for a new intent."));
-            }
-            return Ok(Submitted {
-                job_id,
-                created: false,
-                state: plans::must(&row, 5),
-                version: plans::must(&row, 6),
-                result: plans::get(&row, 7),
-            });
         }
         Err(Refusal::serialization_failure(format!(
             "job {job_id} kept disappearing while it was being submitted"
         ))
         .hint("Retry the transaction."))
     })
+}
+
+/// One submit's intent, as the lookup needs it.
+struct Intent<'a> {
+    job_id: Uuid,
+    owner_id: &'a str,
+    key: &'a str,
+    provider: &'a str,
+    params: Jsonb,
+    contract: Option<&'a str>,
+}
+
+/// The existing job of this key, judged against the intent: the job (a replay), or IJ001 when
+/// the key was used for another intent. None when there is no such job.
+fn find(client: &mut SpiClient<'_>, intent: &Intent<'_>) -> Option<Answer<Submitted>> {
+    let found = plans::run(
+        client,
+        &FIND_JOB,
+        &[
+            intent.job_id.into(),
+            intent.provider.into(),
+            intent.params.into(),
+            intent.contract.into(),
+            intent.owner_id.into(),
+            intent.key.into(),
+        ],
+    );
+    let row = plans::first(found)?;
+    let (job_id, owner_id, key) = (intent.job_id, intent.owner_id, intent.key);
+    if !plans::must::<bool>(&row, 1) {
+        // The id is taken by another key: 112 bits of SHA-256 agreed for two different keys.
+        // Report it; never hand out another intent's job.
+        return Some(Err(Refusal::idempotency_conflict(format!(
+            "job id {job_id} is already taken by another (owner_id, idempotency_key)"
+        ))
+        .detail("Two different keys derived the same job id.")
+        .hint("Use another idempotency key.")));
+    }
+    let mut differ = Vec::new();
+    for (ordinal, field) in [(2, "provider"), (3, "params"), (4, "contract")] {
+        if !plans::must::<bool>(&row, ordinal) {
+            differ.push(field);
+        }
+    }
+    if !differ.is_empty() {
+        return Some(Err(Refusal::idempotency_conflict(format!(
+            "idempotency key \"{key}\" of owner \"{owner_id}\" was already used for a different intent"
+        ))
+        .detail(format!("Job {job_id} exists with a different {}.", differ.join(", ")))
+        .hint("Resend exactly the original provider, params and contract to get the existing job, or use a new idempotency key for a new intent.")));
+    }
+    let mut state: String = plans::must(&row, 5);
+    let version = plans::must(&row, 6);
+    let result = plans::get(&row, 7);
+    if state == "running" {
+        let lapsed = plans::first(plans::run(client, &RUNNING_LAPSED, &[job_id.into()]))
+            .expect("SELECT EXISTS returns a row");
+        if plans::must::<bool>(&lapsed, 1) {
+            state = "unknown".into();
+        }
+    }
+    Some(Ok(Submitted {
+        job_id,
+        created: false,
+        state,
+        version,
+        result,
+    }))
 }

@@ -1,0 +1,277 @@
+#!/usr/bin/env python3
+"""pg_intent benchmarks: pg_intent against what a user would write instead, measured in one run.
+
+Starts a throwaway cluster (the extension must be installed: scripts/bench.sh does that), loads
+the baselines of benches/sql/baselines.sql, runs the pgbench scripts of benches/pgbench/ with
+several clients, and prints throughput, p50/p99 latency and the ratio of each pair, every pair
+measured back to back in the same run, with synchronous_commit on and off. Pairs are run in
+alternating order (A B B A …) and the ratio uses the sum over all rounds, so a drift of the
+machine during the run hits both sides alike.
+
+Usage: python3 benches/run.py [--quick] [--seconds N] [--clients N] [--markdown FILE]
+"""
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PGBENCH_DIR = ROOT / "benches" / "pgbench"
+PG_BIN = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
+
+
+def as_postgres(cmd):
+    """Commands that touch the cluster's files run as `postgres` when we are root."""
+    return (["runuser", "-u", "postgres", "--"] + cmd) if os.geteuid() == 0 else cmd
+
+
+class Cluster:
+    def __init__(self, settings):
+        self.dir = Path(tempfile.mkdtemp(prefix="pg_intent_bench."))
+        os.chmod(self.dir, 0o755)
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres", "postgres")
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        self.port = s.getsockname()[1]
+        s.close()
+        data = self.dir / "data"
+        subprocess.run(as_postgres([str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres",
+                                    "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8"]),
+                       check=True, stdout=subprocess.DEVNULL)
+        opts = f"-p {self.port} -k {self.dir} -c listen_addresses=''"
+        for k, v in settings.items():
+            opts += f" -c {k}={v}"
+        subprocess.run(as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(self.dir / "log"),
+                                    "-w", "-o", opts, "start"]), check=True, stdout=subprocess.DEVNULL)
+        self.env = dict(os.environ, PGHOST=str(self.dir), PGPORT=str(self.port), PGUSER="postgres")
+
+    def psql(self, sql, db="bench", file=None):
+        cmd = [str(PG_BIN / "psql"), "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-d", db]
+        cmd += ["-f", str(file)] if file else ["-c", sql]
+        return subprocess.run(cmd, env=self.env, check=True, capture_output=True, text=True).stdout.strip()
+
+    def stop(self):
+        subprocess.run(as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(self.dir / "data"), "-m", "immediate", "stop"]),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def pgbench(cluster, script, clients, seconds=None, transactions=None, sync=True, variables=None):
+    """Runs one pgbench script; returns (tps, latencies in ms, failed transactions)."""
+    logdir = Path(tempfile.mkdtemp(prefix="pgbench."))
+    cmd = [str(PG_BIN / "pgbench"), "-n", "-M", "prepared", "-c", str(clients),
+           "-j", str(min(clients, 2)), "-f", str(PGBENCH_DIR / script),
+           "-l", "--log-prefix", str(logdir / "log")]
+    cmd += ["-T", str(seconds)] if seconds else ["-t", str(transactions)]
+    for k, v in (variables or {}).items():
+        cmd += ["-D", f"{k}={v}"]
+    env = dict(cluster.env, PGOPTIONS=f"-c synchronous_commit={'on' if sync else 'off'}", PGDATABASE="bench")
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"pgbench {script} failed:\n{out.stdout}\n{out.stderr}")
+    tps = next(float(l.split("=")[1].split()[0]) for l in out.stdout.splitlines() if l.startswith("tps"))
+    failed = 0
+    for line in out.stdout.splitlines():
+        if line.startswith("number of failed transactions"):
+            failed = int(line.split(":")[1].split()[0])
+    latencies = []
+    for f in logdir.iterdir():
+        for line in f.read_text().splitlines():
+            parts = line.split()
+            latencies.append(int(parts[2]) / 1000.0)
+    shutil.rmtree(logdir, ignore_errors=True)
+    return tps, latencies, failed
+
+
+def pct(values, p):
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(p / 100.0 * (len(values) - 1))))]
+
+
+def compare(cluster, ours, base, clients, seconds, rounds, sync, variables=None):
+    """Alternates ours and the baseline; returns summed tps and pooled latencies of each."""
+    res = {ours: ([], []), base: ([], [])}
+    order = [ours, base]
+    for r in range(rounds):
+        for script in (order if r % 2 == 0 else list(reversed(order))):
+            tps, lat, failed = pgbench(cluster, script, clients, seconds=seconds, sync=sync, variables=variables)
+            if failed:
+                sys.exit(f"{script}: {failed} failed transactions")
+            res[script][0].append(tps)
+            res[script][1].extend(lat)
+    return res
+
+
+def wal_per_transaction(cluster, script, n):
+    cluster.psql("CHECKPOINT")
+    before = cluster.psql("SELECT pg_current_wal_insert_lsn()")
+    pgbench(cluster, script, 1, transactions=n, sync=False)
+    after = cluster.psql("SELECT pg_current_wal_insert_lsn()")
+    return float(cluster.psql(f"SELECT pg_wal_lsn_diff('{after}', '{before}')")) / n
+
+
+def load_jobs(cluster, n, prefix):
+    """Adds n finished jobs, as fast as PostgreSQL can write them."""
+    step = 200_000
+    done = 0
+    while done < n:
+        m = min(step, n - done)
+        cluster.psql(f"""
+            INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, state, version,
+                                     completed_by, result, attempt_count, created_at, updated_at)
+            SELECT intent.job_id('load-' || (g % 1000), '{prefix}-' || g), 'load-' || (g % 1000), '{prefix}-' || g,
+                   'gpu-a', '{{"prompt": "a cat in a hat", "size": 512}}', 'succeeded', 2,
+                   intent.attempt_id(intent.job_id('load-' || (g % 1000), '{prefix}-' || g), 1),
+                   '{{"image": "blob://cat.png"}}', 1, now(), now()
+              FROM generate_series({done + 1}, {done + m}) g""")
+        done += m
+    cluster.psql("VACUUM ANALYZE intent.jobs")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="short runs, 1M instead of 5M jobs for the scale test")
+    ap.add_argument("--seconds", type=int, default=None)
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--markdown", type=Path, default=None, help="also write the results as Markdown")
+    args = ap.parse_args()
+    seconds = args.seconds or (5 if args.quick else 15)
+    rounds = args.rounds or (2 if args.quick else 4)
+    big = 1_000_000 if args.quick else 5_000_000
+    clients = args.clients
+
+    settings = {"shared_buffers": "1GB", "max_wal_size": "8GB", "checkpoint_timeout": "30min",
+                "max_connections": "100", "fsync": "on"}
+    cluster = Cluster(settings)
+    rows = []
+    try:
+        cluster.psql("CREATE DATABASE bench", db="postgres")
+        cluster.psql("CREATE EXTENSION pg_intent")
+        cluster.psql(None, file=ROOT / "benches" / "sql" / "baselines.sql")
+
+        def pair(label, ours, base, target, sync, variables=None, better="higher"):
+            res = compare(cluster, ours, base, clients, seconds, rounds, sync, variables)
+            o_tps, b_tps = sum(res[ours][0]), sum(res[base][0])
+            ratio = o_tps / b_tps
+            rows.append({
+                "what": label, "sync": "on" if sync else "off",
+                "ours_tps": o_tps / rounds, "base_tps": b_tps / rounds,
+                "ours_p50": pct(res[ours][1], 50), "ours_p99": pct(res[ours][1], 99),
+                "base_p50": pct(res[base][1], 50), "base_p99": pct(res[base][1], 99),
+                "ratio": ratio, "target": target,
+                "ok": (ratio >= target) if target is not None else None,
+            })
+            print_row(rows[-1])
+
+        print(f"pg_intent benchmarks: {clients} clients, {rounds} rounds of {seconds}s per side, "
+              f"pgbench -M prepared, {os.cpu_count()} CPUs", flush=True)
+        print_header()
+        keys = 100_000
+        cluster.psql(f"""
+            SELECT count(*) FROM generate_series(1, {keys}) g,
+                   LATERAL intent.submit_job('replay-owner', 'replay-' || g, 'gpu-a',
+                                             '{{"prompt": "a cat in a hat", "size": 512}}') s""")
+        cluster.psql("INSERT INTO bench.jobs SELECT * FROM intent.jobs WHERE owner_id = 'replay-owner'")
+        cluster.psql("VACUUM ANALYZE")
+        for sync in (True, False):
+            pair("submit, new keys ÷ raw INSERT … ON CONFLICT", "submit_new.sql", "raw_insert_new.sql", 0.90, sync)
+            pair("  (for context) ÷ the same on a bare table", "submit_new.sql", "bare_insert_new.sql", None, sync)
+            pair("submit replay ÷ raw SELECT by key", "submit_replay.sql", "raw_select_by_key.sql", 0.90, sync,
+                 {"keys": keys})
+            pair("lifecycle ÷ hand-written PL/pgSQL", "lifecycle.sql", "plpgsql_lifecycle.sql", 1.00, sync)
+            pair("lifecycle ÷ the three bare statements", "lifecycle.sql", "bare_lifecycle.sql", 0.80, sync)
+
+        n = 2000 if args.quick else 10000
+        ours_wal = wal_per_transaction(cluster, "lifecycle.sql", n)
+        bare_wal = wal_per_transaction(cluster, "bare_lifecycle.sql", n)
+        wal_ratio = ours_wal / bare_wal
+        print(f"\nWAL per lifecycle: pg_intent {ours_wal:.0f} B, bare statements {bare_wal:.0f} B, "
+              f"ratio {wal_ratio:.2f} (target <= 1.30) {'OK' if wal_ratio <= 1.30 else 'MISSED'}")
+
+        batch = None
+        if cluster.psql("SELECT count(*) FROM pg_proc WHERE proname = 'submit_jobs'") != "0":
+            res = compare(cluster, "submit_batch_100.sql", "submit_single_100.sql", clients, seconds, rounds, False)
+            b = sum(res["submit_batch_100.sql"][0]) * 100 / rounds
+            s = sum(res["submit_single_100.sql"][0]) * 100 / rounds
+            batch = b / s
+            print(f"batch submit, 100 per call: {b:.0f} jobs/s; 100 single calls: {s:.0f} jobs/s; "
+                  f"ratio {batch:.1f}x (target >= 10x) {'OK' if batch >= 10 else 'MISSED'}")
+
+        # Latency at scale: p99 of submit with 10 thousand existing jobs, then with `big`.
+        cluster.psql("TRUNCATE intent.jobs CASCADE; TRUNCATE intent.events")
+        load_jobs(cluster, 10_000, "small")
+        _, lat_small, _ = pgbench(cluster, "submit_new.sql", clients, seconds=seconds, sync=True)
+        load_jobs(cluster, big - 10_000, "big")
+        _, lat_big, _ = pgbench(cluster, "submit_new.sql", clients, seconds=seconds, sync=True)
+        p99_ratio = pct(lat_big, 99) / pct(lat_small, 99)
+        print(f"submit p99 with {big:,} jobs: {pct(lat_big, 99):.2f} ms; with 10,000: {pct(lat_small, 99):.2f} ms; "
+              f"ratio {p99_ratio:.2f} (target <= 1.50) {'OK' if p99_ratio <= 1.5 else 'MISSED'}")
+
+        # 32 clients hammering one key.
+        _, lat, failed = pgbench(cluster, "hammer_one_key.sql", 32, seconds=seconds, sync=True)
+        jobs = cluster.psql("SELECT count(*) FROM intent.jobs WHERE owner_id = 'hammer-owner'")
+        print(f"32 clients on one key: {len(lat)} calls, {failed} errors, {jobs} job(s) "
+              f"{'OK' if failed == 0 and jobs == '1' else 'MISSED'}")
+
+        if args.markdown:
+            write_markdown(args, rows, ours_wal, bare_wal, wal_ratio, batch, big, lat_small, lat_big,
+                           p99_ratio, len(lat), failed, jobs, clients, seconds, rounds)
+    finally:
+        cluster.stop()
+
+
+def print_header():
+    print(f"\n{'comparison':<46} {'sync':>4} {'ours tps':>9} {'base tps':>9} {'ours p50/p99 ms':>16} "
+          f"{'base p50/p99 ms':>16} {'ratio':>6} {'target':>7}")
+
+
+def print_row(r):
+    target = f">={r['target']:.2f}" if r["target"] is not None else ""
+    mark = "" if r["ok"] is None else (" OK" if r["ok"] else " MISSED")
+    print(f"{r['what']:<46} {r['sync']:>4} {r['ours_tps']:>9.0f} {r['base_tps']:>9.0f} "
+          f"{r['ours_p50']:>7.2f}/{r['ours_p99']:<8.2f} {r['base_p50']:>7.2f}/{r['base_p99']:<8.2f} "
+          f"{r['ratio']:>6.2f} {target:>7}{mark}", flush=True)
+
+
+def write_markdown(args, rows, ours_wal, bare_wal, wal_ratio, batch, big, lat_small, lat_big, p99_ratio,
+                   hammer_calls, hammer_failed, hammer_jobs, clients, seconds, rounds):
+    lines = [
+        "| comparison | synchronous_commit | pg_intent tps | baseline tps | pg_intent p50 / p99 ms | baseline p50 / p99 ms | ratio | target |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        target = f"≥ {r['target']:.2f}" if r["target"] is not None else "—"
+        mark = "" if r["ok"] is None else (" ✔" if r["ok"] else " ✘")
+        lines.append(f"| {r['what'].strip()} | {r['sync']} | {r['ours_tps']:.0f} | {r['base_tps']:.0f} | "
+                     f"{r['ours_p50']:.2f} / {r['ours_p99']:.2f} | {r['base_p50']:.2f} / {r['base_p99']:.2f} | "
+                     f"{r['ratio']:.2f} | {target}{mark} |")
+    lines += [
+        "",
+        f"- WAL per lifecycle: pg_intent {ours_wal:.0f} B, bare statements {bare_wal:.0f} B, ratio **{wal_ratio:.2f}** (target ≤ 1.30).",
+    ]
+    if batch is not None:
+        lines.append(f"- Batch submit, 100 intents per call ÷ 100 single calls: **{batch:.1f}×** jobs per second (target ≥ 10×).")
+    lines += [
+        f"- Submit p99 latency with {big:,} existing jobs: {pct(lat_big, 99):.2f} ms; with 10,000: "
+        f"{pct(lat_small, 99):.2f} ms; ratio **{p99_ratio:.2f}** (target ≤ 1.50).",
+        f"- 32 clients hammering one key: {hammer_calls} calls, {hammer_failed} errors, {hammer_jobs} job.",
+        "",
+        f"Settings: {clients} clients, {rounds} alternating rounds of {seconds} s per side, pgbench -M prepared, "
+        f"{os.cpu_count()} CPUs.",
+    ]
+    args.markdown.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
