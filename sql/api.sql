@@ -24,6 +24,20 @@ AS 'MODULE_PATHNAME', 'intent_submit_job';
 COMMENT ON FUNCTION intent.submit_job(text, text, text, jsonb, text, integer) IS
     'Submits an intent. A new (owner_id, idempotency_key) creates the job (created = true); the same key with the same provider, params and contract returns the existing job and writes nothing; the same key with another fingerprint raises IJ001. Concurrent identical calls all get the same job_id and exactly one gets created = true.';
 
+CREATE FUNCTION intent.submit_jobs(
+    owner_ids text[],
+    idempotency_keys text[],
+    providers text[],
+    params jsonb[],
+    contracts text[] DEFAULT NULL,
+    max_attempts integer[] DEFAULT NULL)
+RETURNS TABLE (ordinality integer, job_id uuid, created boolean, state intent.job_state, version bigint,
+               result jsonb, sqlstate text, message text, detail text)
+LANGUAGE c VOLATILE SECURITY DEFINER
+AS 'MODULE_PATHNAME', 'intent_submit_jobs';
+COMMENT ON FUNCTION intent.submit_jobs(text[], text[], text[], jsonb[], text[], integer[]) IS
+    'Submits many intents in one call (up to 10000; element i of every array is intent i; NULL contracts or max_attempts arrays mean the defaults). Returns one row per intent, in order, with the answer submit_job would give it, or its refusal in sqlstate, message and detail (one bad intent does not stop the others). A key repeated later in the batch is answered like a second submit_job.';
+
 CREATE FUNCTION intent.begin_attempt(
     job_id uuid,
     provider text DEFAULT NULL,

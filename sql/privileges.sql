@@ -77,6 +77,7 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA intent FROM PUBLIC;
 GRANT USAGE ON SCHEMA intent TO intent_app;
 GRANT EXECUTE ON FUNCTION
     intent.submit_job(text, text, text, jsonb, text, integer),
+    intent.submit_jobs(text[], text[], text[], jsonb[], text[], integer[]),
     intent.begin_attempt(uuid, text, interval, text),
     intent.complete_attempt(uuid, bigint, jsonb),
     intent.fail_attempt(uuid, bigint, jsonb, boolean),

@@ -207,7 +207,7 @@ pub fn validate(
     Some(Ok(()))
 }
 
-fn undefined(name: &str) -> Refusal {
+pub fn undefined(name: &str) -> Refusal {
     Refusal::bad_input(format!("contract \"{name}\" is not defined"))
         .detail(format!("No row in intent.contracts has name \"{name}\"."))
         .hint("Define it first with intent.define_contract(name, output_schema, checker).")

@@ -204,6 +204,18 @@ pub fn one_row(
     fcinfo: pg_sys::FunctionCallInfo,
     row: impl FnOnce(&[pg_sys::Oid]) -> Vec<Option<pg_sys::Datum>>,
 ) -> pg_sys::Datum {
+    let mut row = Some(row);
+    one_row_each(fcinfo, 1, |_, types| {
+        (row.take().expect("called once"))(types)
+    })
+}
+
+/// Returns `n` rows from a function declared `RETURNS TABLE (…)`: `row(i, types)` gives row i.
+pub fn one_row_each(
+    fcinfo: pg_sys::FunctionCallInfo,
+    n: usize,
+    mut row: impl FnMut(usize, &[pg_sys::Oid]) -> Vec<Option<pg_sys::Datum>>,
+) -> pg_sys::Datum {
     unsafe {
         let rsinfo = (*fcinfo).resultinfo as *mut pg_sys::ReturnSetInfo;
         let flags = if !rsinfo.is_null() && !(*rsinfo).expectedDesc.is_null() {
@@ -217,23 +229,25 @@ pub fn one_row(
         let types: Vec<pg_sys::Oid> = (0..natts)
             .map(|i| (*(*desc).attrs.as_ptr().add(i)).atttypid)
             .collect();
-        let columns = row(&types);
-        assert_eq!(
-            columns.len(),
-            natts,
-            "pg_intent: result row has the wrong width"
-        );
-        let mut values: Vec<pg_sys::Datum> = columns
-            .iter()
-            .map(|c| c.unwrap_or(pg_sys::Datum::from(0usize)))
-            .collect();
-        let mut nulls: Vec<bool> = columns.iter().map(Option::is_none).collect();
-        pg_sys::tuplestore_putvalues(
-            (*rsinfo).setResult,
-            desc,
-            values.as_mut_ptr(),
-            nulls.as_mut_ptr(),
-        );
+        for i in 0..n {
+            let columns = row(i, &types);
+            assert_eq!(
+                columns.len(),
+                natts,
+                "pg_intent: result row has the wrong width"
+            );
+            let mut values: Vec<pg_sys::Datum> = columns
+                .iter()
+                .map(|c| c.unwrap_or(pg_sys::Datum::from(0usize)))
+                .collect();
+            let mut nulls: Vec<bool> = columns.iter().map(Option::is_none).collect();
+            pg_sys::tuplestore_putvalues(
+                (*rsinfo).setResult,
+                desc,
+                values.as_mut_ptr(),
+                nulls.as_mut_ptr(),
+            );
+        }
     }
     pg_sys::Datum::from(0usize)
 }

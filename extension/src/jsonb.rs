@@ -102,3 +102,14 @@ unsafe impl BoxRet for Jsonb {
         unsafe { fcinfo.return_raw_datum(self.0) }
     }
 }
+
+// SAFETY: an array element of type jsonb is a jsonb datum, valid as long as the array is.
+unsafe impl pgrx::datum::UnboxDatum for Jsonb {
+    type As<'src> = Jsonb;
+    unsafe fn unbox<'src>(datum: pgrx::datum::Datum<'src>) -> Self::As<'src>
+    where
+        Self: 'src,
+    {
+        Jsonb(datum.sans_lifetime())
+    }
+}

@@ -30,6 +30,7 @@ pub extern "C-unwind" fn _PG_init() {
     purge::register();
 }
 
+mod batch;
 mod begin;
 mod contract;
 mod decisions;

@@ -204,11 +204,7 @@ fn find(client: &mut SpiClient<'_>, intent: &Intent<'_>) -> Option<Answer<Submit
         }
     }
     if !differ.is_empty() {
-        return Some(Err(Refusal::idempotency_conflict(format!(
-            "idempotency key \"{key}\" of owner \"{owner_id}\" was already used for a different intent"
-        ))
-        .detail(format!("Job {job_id} exists with a different {}.", differ.join(", ")))
-        .hint("Resend exactly the original provider, params and contract to get the existing job, or use a new idempotency key for a new intent.")));
+        return Some(Err(conflict(job_id, owner_id, key, &differ)));
     }
     let mut state: String = plans::must(&row, 5);
     let version = plans::must(&row, 6);
@@ -227,4 +223,13 @@ fn find(client: &mut SpiClient<'_>, intent: &Intent<'_>) -> Option<Answer<Submit
         version,
         result,
     }))
+}
+
+/// IJ001: the key was used for another intent; the DETAIL names the fields that differ.
+pub fn conflict(job_id: Uuid, owner_id: &str, key: &str, differ: &[&str]) -> Refusal {
+    Refusal::idempotency_conflict(format!(
+        "idempotency key \"{key}\" of owner \"{owner_id}\" was already used for a different intent"
+    ))
+    .detail(format!("Job {job_id} exists with a different {}.", differ.join(", ")))
+    .hint("Resend exactly the original provider, params and contract to get the existing job, or use a new idempotency key for a new intent.")
 }

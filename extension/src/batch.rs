@@ -1,0 +1,386 @@
+//! `submit_jobs`: many intents in one call, with the answers and errors `submit_job` would give
+//! each of them, in their order.
+//!
+//! It is set-based rather than a loop of `submit_job`s: one lookup for every key, one insert for
+//! the new ones. An intent whose key appears again later in the same batch is answered like a
+//! second `submit_job` after the first: a replay if the fingerprint is equal, `IJ001` if not.
+//! A refusal of one intent is a row (`sqlstate`, `message`, `detail`), not an error, so the
+//! others still go through; only bad arrays refuse the whole call.
+
+use crate::entry::{arg, enum_value, one_row_each};
+use crate::input;
+use crate::jsonb::Jsonb;
+use crate::plans::{self, Statement};
+use crate::refusal::{Answer, Refusal};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+use pgrx::{IntoDatum, Uuid};
+use std::collections::{HashMap, HashSet};
+
+/// The most intents one call accepts.
+const MAX_BATCH: usize = 10_000;
+
+/// The existing jobs of a set of keys, with each intent's fingerprint compared in SQL.
+static FIND_JOBS: Statement = Statement {
+    slot: 40,
+    sql: "SELECT u.i::int4,
+                 j.owner_id = u.o AND j.idempotency_key = u.k,
+                 j.provider = u.p,
+                 j.params = u.pa,
+                 j.contract IS NOT DISTINCT FROM u.c,
+                 j.state::text,
+                 j.version,
+                 j.result,
+                 j.state = 'running' AND EXISTS (
+                     SELECT 1 FROM intent.attempts a
+                      WHERE a.job_id = j.id AND a.state = 'started'
+                        AND a.deadline <= statement_timestamp())
+            FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::text[], $7::int8[])
+                 AS u(id, o, k, p, pa, c, i)
+            JOIN intent.jobs j ON j.id = u.id",
+    args: &[
+        pg_sys::UUIDARRAYOID,
+        pg_sys::TEXTARRAYOID,
+        pg_sys::TEXTARRAYOID,
+        pg_sys::TEXTARRAYOID,
+        pg_sys::JSONBARRAYOID,
+        pg_sys::TEXTARRAYOID,
+        pg_sys::INT8ARRAYOID,
+    ],
+};
+
+/// Inserts the new keys; like submit_job's insert, ON CONFLICT DO NOTHING waits for a
+/// concurrent inserter of the same key, and every unique index is an arbiter.
+static INSERT_JOBS: Statement = Statement {
+    slot: 41,
+    sql: "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts,
+                                   created_at, updated_at)
+          SELECT id, o, k, p, pa, c, m, statement_timestamp(), statement_timestamp()
+            FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::text[], $7::int4[])
+                 AS u(id, o, k, p, pa, c, m)
+          ON CONFLICT DO NOTHING
+          RETURNING id, version",
+    args: &[
+        pg_sys::UUIDARRAYOID,
+        pg_sys::TEXTARRAYOID,
+        pg_sys::TEXTARRAYOID,
+        pg_sys::TEXTARRAYOID,
+        pg_sys::JSONBARRAYOID,
+        pg_sys::TEXTARRAYOID,
+        pg_sys::INT4ARRAYOID,
+    ],
+};
+
+/// The defined contracts among the names a batch uses.
+static DEFINED_CONTRACTS: Statement = Statement {
+    slot: 42,
+    sql: "SELECT name::text FROM intent.contracts WHERE name = ANY ($1::text[])",
+    args: &[pg_sys::TEXTARRAYOID],
+};
+
+/// One intent of the batch, once its input passed the checks.
+struct Item {
+    ord: usize,
+    job_id: Uuid,
+    owner_id: String,
+    key: String,
+    provider: String,
+    params: Jsonb,
+    contract: Option<String>,
+    max_attempts: i32,
+}
+
+/// One intent's answer.
+struct Outcome {
+    job_id: Option<Uuid>,
+    created: bool,
+    state: String,
+    version: i64,
+    result: Option<Jsonb>,
+}
+
+crate::entry::sql_function!(intent_submit_jobs, pg_finfo_intent_submit_jobs, submit_jobs);
+
+/// `intent.submit_jobs(owner_ids, idempotency_keys, providers, params, contracts, max_attempts)`.
+fn submit_jobs(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
+    let owners: Vec<Option<String>> = input::required("owner_ids", arg(fcinfo, 0))?;
+    let keys: Vec<Option<String>> = input::required("idempotency_keys", arg(fcinfo, 1))?;
+    let providers: Vec<Option<String>> = input::required("providers", arg(fcinfo, 2))?;
+    let params: Vec<Option<Jsonb>> = input::required("params", arg(fcinfo, 3))?;
+    let contracts: Option<Vec<Option<String>>> = arg(fcinfo, 4);
+    let max_attempts: Option<Vec<Option<i32>>> = arg(fcinfo, 5);
+    let n = owners.len();
+    let lengths_agree = [keys.len(), providers.len(), params.len()]
+        .into_iter()
+        .chain(contracts.as_ref().map(Vec::len))
+        .chain(max_attempts.as_ref().map(Vec::len))
+        .all(|len| len == n);
+    if !lengths_agree {
+        return Err(Refusal::bad_input("the arrays of submit_jobs must have the same length")
+            .detail(format!(
+                "owner_ids has {n} elements, idempotency_keys {}, providers {}, params {}{}{}.",
+                keys.len(),
+                providers.len(),
+                params.len(),
+                contracts.as_ref().map(|c| format!(", contracts {}", c.len())).unwrap_or_default(),
+                max_attempts.as_ref().map(|m| format!(", max_attempts {}", m.len())).unwrap_or_default(),
+            ))
+            .hint("Pass one element per intent in every array (NULL contracts or max_attempts arrays mean the defaults)."));
+    }
+    if n > MAX_BATCH {
+        return Err(
+            Refusal::bad_input(format!("submit_jobs takes at most {MAX_BATCH} intents"))
+                .detail(format!("The call has {n}."))
+                .hint("Split the batch."),
+        );
+    }
+
+    // Per intent: its answer, or a refusal, exactly as submit_job would check its input.
+    let mut answers: Vec<Option<Answer<Outcome>>> = (0..n).map(|_| None).collect();
+    let mut items = Vec::with_capacity(n);
+    for ord in 0..n {
+        let contract = contracts.as_ref().and_then(|c| c[ord].as_deref());
+        let max = match &max_attempts {
+            None => Some(3),
+            Some(m) => m[ord],
+        };
+        let checked = (|| {
+            let owner_id = input::name("owner_id", owners[ord].as_deref())?;
+            let key = input::name("idempotency_key", keys[ord].as_deref())?;
+            let provider = input::name("provider", providers[ord].as_deref())?;
+            let params = input::document("params", params[ord])?;
+            let contract = input::optional_name("contract", contract)?;
+            let max_attempts = input::max_attempts(max)?;
+            crate::owner::check_acting_for(owner_id)?;
+            Ok(Item {
+                ord,
+                job_id: Uuid::from_bytes(pg_intent_id::job_id_unchecked(owner_id, key)),
+                owner_id: owner_id.to_string(),
+                key: key.to_string(),
+                provider: provider.to_string(),
+                params,
+                contract: contract.map(str::to_string),
+                max_attempts,
+            })
+        })();
+        match checked {
+            Ok(item) => items.push(item),
+            Err(refusal) => answers[ord] = Some(Err(refusal)),
+        }
+    }
+
+    Spi::connect_mut(|client| {
+        refuse_undefined_contracts(client, &mut items, &mut answers);
+        // Round 1 answers replays; the insert creates the first occurrence of each new key;
+        // later rounds answer repeated keys and keys a concurrent caller inserted first.
+        let mut pending = items;
+        for _ in 0..4 {
+            if pending.is_empty() {
+                break;
+            }
+            find(client, &pending, &mut answers);
+            pending.retain(|item| answers[item.ord].is_none());
+            if pending.is_empty() {
+                break;
+            }
+            insert(client, &pending, &mut answers);
+            pending.retain(|item| answers[item.ord].is_none());
+        }
+        for item in pending {
+            answers[item.ord] = Some(Err(Refusal::serialization_failure(format!(
+                "job {} kept disappearing while it was being submitted",
+                item.job_id
+            ))
+            .hint("Retry the transaction.")));
+        }
+    });
+
+    Ok(one_row_each(fcinfo, n, |ord, types| {
+        let ordinality = Some(pg_sys::Datum::from(ord as i32 + 1));
+        match answers[ord].take().expect("every intent has an answer") {
+            Ok(o) => vec![
+                ordinality,
+                o.job_id.and_then(IntoDatum::into_datum),
+                o.created.into_datum(),
+                Some(enum_value(types[3], &o.state)),
+                o.version.into_datum(),
+                o.result.and_then(IntoDatum::into_datum),
+                None,
+                None,
+                None,
+            ],
+            Err(r) => vec![
+                ordinality,
+                None,
+                None,
+                None,
+                None,
+                None,
+                r.code.into_datum(),
+                r.message.into_datum(),
+                r.detail.into_datum(),
+            ],
+        }
+    }))
+}
+
+/// 22023 for each intent that names a contract that is not defined, as submit_job would.
+fn refuse_undefined_contracts(
+    client: &mut SpiClient<'_>,
+    items: &mut Vec<Item>,
+    answers: &mut [Option<Answer<Outcome>>],
+) {
+    let mut names: Vec<String> = items.iter().filter_map(|i| i.contract.clone()).collect();
+    if names.is_empty() {
+        return;
+    }
+    names.sort();
+    names.dedup();
+    let defined: Vec<String> = plans::run(client, &DEFINED_CONTRACTS, &[names.into()])
+        .map(|row| {
+            row.get::<String>(1)
+                .ok()
+                .flatten()
+                .expect("name is NOT NULL")
+        })
+        .collect();
+    items.retain(|item| match &item.contract {
+        Some(c) if !defined.contains(c) => {
+            answers[item.ord] = Some(Err(crate::contract::undefined(c)));
+            false
+        }
+        _ => true,
+    });
+}
+
+/// Answers every pending intent whose key has a job: a replay, or IJ001.
+fn find(client: &mut SpiClient<'_>, pending: &[Item], answers: &mut [Option<Answer<Outcome>>]) {
+    let rows = plans::run(
+        client,
+        &FIND_JOBS,
+        &[
+            pending.iter().map(|i| i.job_id).collect::<Vec<_>>().into(),
+            pending
+                .iter()
+                .map(|i| i.owner_id.as_str())
+                .collect::<Vec<_>>()
+                .into(),
+            pending
+                .iter()
+                .map(|i| i.key.as_str())
+                .collect::<Vec<_>>()
+                .into(),
+            pending
+                .iter()
+                .map(|i| i.provider.as_str())
+                .collect::<Vec<_>>()
+                .into(),
+            pending.iter().map(|i| i.params).collect::<Vec<_>>().into(),
+            pending
+                .iter()
+                .map(|i| i.contract.as_deref())
+                .collect::<Vec<_>>()
+                .into(),
+            pending
+                .iter()
+                .map(|i| i.ord as i64)
+                .collect::<Vec<_>>()
+                .into(),
+        ],
+    );
+    let by_ord: HashMap<usize, &Item> = pending.iter().map(|i| (i.ord, i)).collect();
+    for row in rows {
+        let get_bool = |n| {
+            row.get::<bool>(n)
+                .ok()
+                .flatten()
+                .expect("comparisons of NOT NULL columns")
+        };
+        let ord = row.get::<i32>(1).ok().flatten().expect("ordinality") as usize;
+        let item = by_ord[&ord];
+        if !get_bool(2) {
+            answers[ord] = Some(Err(Refusal::idempotency_conflict(format!(
+                "job id {} is already taken by another (owner_id, idempotency_key)",
+                item.job_id
+            ))
+            .detail("Two different keys derived the same job id.")
+            .hint("Use another idempotency key.")));
+            continue;
+        }
+        let differ: Vec<&str> = [(3, "provider"), (4, "params"), (5, "contract")]
+            .into_iter()
+            .filter(|(n, _)| !get_bool(*n))
+            .map(|(_, f)| f)
+            .collect();
+        if !differ.is_empty() {
+            answers[ord] = Some(Err(crate::submit::conflict(
+                item.job_id,
+                &item.owner_id,
+                &item.key,
+                &differ,
+            )));
+            continue;
+        }
+        let lapsed = get_bool(9);
+        let state: String = row.get(6).ok().flatten().expect("state is NOT NULL");
+        answers[ord] = Some(Ok(Outcome {
+            job_id: Some(item.job_id),
+            created: false,
+            state: if lapsed { "unknown".into() } else { state },
+            version: row.get(7).ok().flatten().expect("version is NOT NULL"),
+            result: row.get(8).ok().flatten(),
+        }));
+    }
+}
+
+/// Inserts the first pending occurrence of each key; answers those it created.
+fn insert(client: &mut SpiClient<'_>, pending: &[Item], answers: &mut [Option<Answer<Outcome>>]) {
+    let mut seen = HashSet::with_capacity(pending.len());
+    let first: Vec<&Item> = pending.iter().filter(|i| seen.insert(i.job_id)).collect();
+    let by_id: HashMap<Uuid, usize> = first.iter().map(|i| (i.job_id, i.ord)).collect();
+    let rows = plans::run(
+        client,
+        &INSERT_JOBS,
+        &[
+            first.iter().map(|i| i.job_id).collect::<Vec<_>>().into(),
+            first
+                .iter()
+                .map(|i| i.owner_id.as_str())
+                .collect::<Vec<_>>()
+                .into(),
+            first
+                .iter()
+                .map(|i| i.key.as_str())
+                .collect::<Vec<_>>()
+                .into(),
+            first
+                .iter()
+                .map(|i| i.provider.as_str())
+                .collect::<Vec<_>>()
+                .into(),
+            first.iter().map(|i| i.params).collect::<Vec<_>>().into(),
+            first
+                .iter()
+                .map(|i| i.contract.as_deref())
+                .collect::<Vec<_>>()
+                .into(),
+            first
+                .iter()
+                .map(|i| i.max_attempts)
+                .collect::<Vec<_>>()
+                .into(),
+        ],
+    );
+    for row in rows {
+        let id: Uuid = row.get(1).ok().flatten().expect("id is NOT NULL");
+        let version: i64 = row.get(2).ok().flatten().expect("version is NOT NULL");
+        answers[by_id[&id]] = Some(Ok(Outcome {
+            job_id: Some(id),
+            created: true,
+            state: "pending".into(),
+            version,
+            result: None,
+        }));
+    }
+}
