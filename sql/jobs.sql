@@ -80,5 +80,22 @@ COMMENT ON CONSTRAINT jobs_completed_by_when_decided ON intent.jobs IS
 CREATE INDEX jobs_created_at ON intent.jobs USING brin (created_at);
 COMMENT ON INDEX intent.jobs_created_at IS 'Finds old jobs for intent.purge(); BRIN, cheap to maintain.';
 
+-- What a purge leaves of a job: its id and the last version it handed out. Ids and attempt ids
+-- are derived from the key, so a new job of a purged key has the old job's ids; it starts above
+-- the old job's last version, so that a late report from one of the old job's attempts presents
+-- a fencing token the new job never handed out, and changes nothing.
+CREATE TABLE intent.retired_keys (
+    id          uuid                  NOT NULL,
+    version     intent.fencing_token  NOT NULL,
+    retired_at  timestamptz           NOT NULL,
+    CONSTRAINT retired_keys_pkey PRIMARY KEY (id)
+);
+COMMENT ON TABLE intent.retired_keys IS
+    'One row per purged job id: the last version it handed out, so that a new job of the same key never reuses a fencing token. About 40 bytes per purged key, kept.';
+COMMENT ON COLUMN intent.retired_keys.id IS 'The purged job''s id (derived from its key).';
+COMMENT ON COLUMN intent.retired_keys.version IS 'The last version the purged job handed out; a new job of the key starts above it.';
+COMMENT ON COLUMN intent.retired_keys.retired_at IS 'When the job was purged.';
+SELECT pg_catalog.pg_extension_config_dump('intent.retired_keys', '');
+
 -- Rows are written by the extension's functions and kept by pg_dump.
 SELECT pg_catalog.pg_extension_config_dump('intent.jobs', '');

@@ -55,10 +55,11 @@ static FIND_JOBS: Statement = Statement {
 static INSERT_JOBS: Statement = Statement {
     slot: 41,
     sql: "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts,
-                                   created_at, updated_at)
-          SELECT id, o, k, p, pa, c, m, statement_timestamp(), statement_timestamp()
+                                   version, created_at, updated_at)
+          SELECT u.id, o, k, p, pa, c, m, coalesce(r.version + 1, 1), statement_timestamp(), statement_timestamp()
             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::text[], $7::int4[])
                  AS u(id, o, k, p, pa, c, m)
+            LEFT JOIN intent.retired_keys r ON r.id = u.id
           ON CONFLICT DO NOTHING
           RETURNING id, version",
     args: &[

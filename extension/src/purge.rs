@@ -2,7 +2,9 @@
 //!
 //! Only terminal jobs (succeeded, failed, cancelled) are ever touched. After a purge the key is
 //! free again: the same (owner_id, idempotency_key) creates a new job. So the retention must be
-//! longer than any client's retry window.
+//! longer than any client's retry window. The new job reuses the old one's id and attempt ids
+//! (they are derived from the key), so its versions start above the old job's last one: a late
+//! report from the old job's attempts presents a version the new job never handed out.
 
 use crate::entry::{arg, value};
 use crate::plans::{self, Statement};
@@ -52,7 +54,13 @@ static PURGE_BATCH: Statement = Statement {
           e AS (
               DELETE FROM intent.events e USING doomed d WHERE e.job_id = d.id),
           j AS (
-              DELETE FROM intent.jobs j USING doomed d WHERE j.id = d.id RETURNING 1)
+              DELETE FROM intent.jobs j USING doomed d WHERE j.id = d.id RETURNING j.id, j.version),
+          -- The key may be used again: remember the last version handed out under this id, so
+          -- that the next job of the key never reuses a fencing token (see retired_keys).
+          r AS (
+              INSERT INTO intent.retired_keys (id, version, retired_at)
+              SELECT id, version, statement_timestamp() FROM j
+              ON CONFLICT (id) DO UPDATE SET version = excluded.version, retired_at = excluded.retired_at)
           SELECT count(*) FROM j",
     args: &[pg_sys::INTERVALOID, pg_sys::INT4OID],
 };

@@ -18,8 +18,14 @@ use pgrx::spi::SpiClient;
 /// not an arbiter is an error (23505), not a "do nothing".
 static INSERT_JOB: Statement = Statement {
     slot: 0,
-    sql: "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts, created_at, updated_at)
-          VALUES ($1, $2, $3, $4, $5, $6, $7, statement_timestamp(), statement_timestamp())
+    // A key whose earlier job was purged starts above that job's last version (retired_keys),
+    // so a late report from one of the purged job's attempts, whose ids the new job reuses,
+    // presents a version the new job never handed out and changes nothing.
+    sql: "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts,
+                                   version, created_at, updated_at)
+          VALUES ($1, $2, $3, $4, $5, $6, $7,
+                  coalesce((SELECT r.version + 1 FROM intent.retired_keys r WHERE r.id = $1), 1),
+                  statement_timestamp(), statement_timestamp())
           ON CONFLICT DO NOTHING
           RETURNING version",
     args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::JSONBOID, pg_sys::TEXTOID, pg_sys::INT4OID],

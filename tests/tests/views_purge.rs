@@ -818,7 +818,9 @@ async fn after_a_purge_the_same_key_creates_a_new_job() {
         .unwrap();
     assert!(again.created, "the key is free again");
     assert_eq!(again.job_id, first);
-    assert_eq!((again.state.as_str(), again.version), ("pending", 1));
+    // Its versions start above the purged job's last one (2: created at 1, won at 2), so no
+    // fencing token of the old job is ever handed out again.
+    assert_eq!((again.state.as_str(), again.version), ("pending", 3));
     assert!(again.result.is_none());
     let row = job_row(&c, again.job_id).await;
     assert_eq!((row.attempt_count, row.provider.as_str()), (0, "gpu-b"));
@@ -926,7 +928,6 @@ async fn a_late_result_waiting_behind_a_purge_finds_no_job_and_writes_nothing() 
 /// job's attempt 1 has the very id of the purged job's attempt 1, and both begin at version 1.
 /// A late report of the purged attempt then lands on the new job.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "extension bug: after a purge and a reuse of the key, a late result of the purged job's attempt wins the new job (same attempt id, same version 1)"]
 async fn a_late_result_of_a_purged_attempt_never_reaches_the_new_job_of_its_key() {
     let db = Cluster::shared().fresh_db("purge_reuse_late").await;
     let c = db.connect().await;
@@ -955,11 +956,26 @@ async fn a_late_result_of_a_purged_attempt_never_reaches_the_new_job_of_its_key(
         &json!({"for": "v1, stale"}),
     )
     .await;
+    // The new job started above the purged job's last version, so the stale version is refused
+    // as not the one this attempt was given (22023), and nothing is written.
+    let refusal = answer.expect_err("a stale version must not complete the new job's attempt");
+    assert_eq!(
+        refusal.code().map(|c| c.code()),
+        Some("22023"),
+        "{refusal:?}"
+    );
+    assert!(
+        new.version > a2.version,
+        "the new job's version {} must be above the purged job's {}",
+        new.version,
+        a2.version
+    );
     let job = job_row(&c, again.job_id).await;
+    assert_eq!(job.state, "running");
     assert_ne!(
         job.result,
         Some(json!({"for": "v1, stale"})),
-        "the purged job's result ({answer:?}) became the result of the new job (attempt {}, version {})",
+        "the purged job's result became the result of the new job (attempt {}, version {})",
         new.attempt_id,
         new.version
     );
