@@ -4,7 +4,8 @@
 #   1. formatting and lints,
 #   2. the Rust unit tests,
 #   3. the pg_regress and isolation suites against a throwaway cluster,
-#   4. the integration tests (they start and kill clusters of their own).
+#   4. the integration tests (they start and kill clusters of their own),
+#   5. the HTTP gateway's tests.
 # Usage: bash scripts/test.sh
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -17,8 +18,8 @@ cargo fmt --all -- --check
 log "cargo clippy --all-targets -D warnings"
 cargo clippy --workspace --all-targets -q -- -D warnings
 
-log "unit tests"
-cargo test -q -p pg_intent_id -p pg_intent_client
+log "unit tests, and the client's and test provider's tests (real clusters of their own)"
+cargo test -q -p pg_intent_id -p pg_intent_client -p pg_intent_test_provider
 
 start_cluster
 bash "$ROOT/scripts/regress.sh"
@@ -26,5 +27,8 @@ stop_cluster
 
 log "integration tests (real clusters, real concurrent connections)"
 cargo test -q -p pg_intent_tests -- --test-threads=1
+
+log "HTTP gateway tests (real HTTP, real cluster)"
+cargo test -q -p pg_intent_gateway
 
 log "all tests passed"
