@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The benchmarks: pg_intent against what a user would write instead, every pair measured in the
+# same run on a throwaway cluster that benches/run.py starts and removes. Installs what is missing
+# on a fresh machine first, like the other scripts. Results and their reading: docs/benchmarks.md.
+# Usage: bash scripts/bench.sh [--quick] [--seconds N] [--clients N] [--markdown FILE]
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$ROOT"
+setup_all
+command -v pgbench >/dev/null || [ -x "$PG_BIN/pgbench" ] || die "pgbench not found"
+PG_BIN="$PG_BIN" exec python3 "$ROOT/benches/run.py" "$@"
