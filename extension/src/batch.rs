@@ -12,6 +12,7 @@ use crate::input;
 use crate::jsonb::Jsonb;
 use crate::plans::{self, Statement};
 use crate::refusal::{Answer, Refusal};
+use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
@@ -257,39 +258,12 @@ fn refuse_undefined_contracts(
 
 /// Answers every pending intent whose key has a job: a replay, or IJ001.
 fn find(client: &mut SpiClient<'_>, pending: &[Item], answers: &mut [Option<Answer<Outcome>>]) {
-    let rows = plans::run(
-        client,
-        &FIND_JOBS,
-        &[
-            pending.iter().map(|i| i.job_id).collect::<Vec<_>>().into(),
-            pending
-                .iter()
-                .map(|i| i.owner_id.as_str())
-                .collect::<Vec<_>>()
-                .into(),
-            pending
-                .iter()
-                .map(|i| i.key.as_str())
-                .collect::<Vec<_>>()
-                .into(),
-            pending
-                .iter()
-                .map(|i| i.provider.as_str())
-                .collect::<Vec<_>>()
-                .into(),
-            pending.iter().map(|i| i.params).collect::<Vec<_>>().into(),
-            pending
-                .iter()
-                .map(|i| i.contract.as_deref())
-                .collect::<Vec<_>>()
-                .into(),
-            pending
-                .iter()
-                .map(|i| i.ord as i64)
-                .collect::<Vec<_>>()
-                .into(),
-        ],
-    );
+    let last = pending
+        .iter()
+        .map(|i| i.ord as i64)
+        .collect::<Vec<_>>()
+        .into();
+    let rows = plans::run(client, &FIND_JOBS, &columns(pending.iter(), last));
     let by_ord: HashMap<usize, &Item> = pending.iter().map(|i| (i.ord, i)).collect();
     for row in rows {
         let get_bool = |n| {
@@ -340,39 +314,12 @@ fn insert(client: &mut SpiClient<'_>, pending: &[Item], answers: &mut [Option<An
     let mut seen = HashSet::with_capacity(pending.len());
     let first: Vec<&Item> = pending.iter().filter(|i| seen.insert(i.job_id)).collect();
     let by_id: HashMap<Uuid, usize> = first.iter().map(|i| (i.job_id, i.ord)).collect();
-    let rows = plans::run(
-        client,
-        &INSERT_JOBS,
-        &[
-            first.iter().map(|i| i.job_id).collect::<Vec<_>>().into(),
-            first
-                .iter()
-                .map(|i| i.owner_id.as_str())
-                .collect::<Vec<_>>()
-                .into(),
-            first
-                .iter()
-                .map(|i| i.key.as_str())
-                .collect::<Vec<_>>()
-                .into(),
-            first
-                .iter()
-                .map(|i| i.provider.as_str())
-                .collect::<Vec<_>>()
-                .into(),
-            first.iter().map(|i| i.params).collect::<Vec<_>>().into(),
-            first
-                .iter()
-                .map(|i| i.contract.as_deref())
-                .collect::<Vec<_>>()
-                .into(),
-            first
-                .iter()
-                .map(|i| i.max_attempts)
-                .collect::<Vec<_>>()
-                .into(),
-        ],
-    );
+    let last = first
+        .iter()
+        .map(|i| i.max_attempts)
+        .collect::<Vec<_>>()
+        .into();
+    let rows = plans::run(client, &INSERT_JOBS, &columns(first.iter().copied(), last));
     for row in rows {
         let id: Uuid = row.get(1).ok().flatten().expect("id is NOT NULL");
         let version: i64 = row.get(2).ok().flatten().expect("version is NOT NULL");
@@ -384,4 +331,36 @@ fn insert(client: &mut SpiClient<'_>, pending: &[Item], answers: &mut [Option<An
             result: None,
         }));
     }
+}
+
+/// The intents' columns as the arrays FIND_JOBS and INSERT_JOBS unnest: id, owner, key,
+/// provider, params, contract, then `last` (the ordinalities, or the max_attempts).
+fn columns<'a>(
+    items: impl Iterator<Item = &'a Item> + Clone,
+    last: DatumWithOid<'static>,
+) -> [DatumWithOid<'a>; 7] {
+    [
+        items.clone().map(|i| i.job_id).collect::<Vec<_>>().into(),
+        items
+            .clone()
+            .map(|i| i.owner_id.as_str())
+            .collect::<Vec<_>>()
+            .into(),
+        items
+            .clone()
+            .map(|i| i.key.as_str())
+            .collect::<Vec<_>>()
+            .into(),
+        items
+            .clone()
+            .map(|i| i.provider.as_str())
+            .collect::<Vec<_>>()
+            .into(),
+        items.clone().map(|i| i.params).collect::<Vec<_>>().into(),
+        items
+            .map(|i| i.contract.as_deref())
+            .collect::<Vec<_>>()
+            .into(),
+        last,
+    ]
 }
