@@ -13,6 +13,7 @@
 //! is given to the `postgres` user and `initdb`/`pg_ctl` run through `runuser -u postgres --`.
 
 pub mod cron;
+pub mod model;
 
 use std::fmt;
 use std::fs;

@@ -1,0 +1,15 @@
+-- Mutation for tests/model_check.rs: cancel_job does not move the version (the fencing token),
+-- so an attempt still out there can win a cancelled job.
+ALTER FUNCTION intent.cancel_job(uuid, text) RENAME TO cancel_job_real;
+CREATE FUNCTION intent.cancel_job(job_id uuid, reason text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, intent, pg_temp AS $$
+DECLARE
+    done boolean := intent.cancel_job_real($1, $2);
+BEGIN
+    IF done THEN
+        UPDATE intent.jobs j SET version = j.version - 1 WHERE j.id = $1;
+    END IF;
+    RETURN done;
+END
+$$;

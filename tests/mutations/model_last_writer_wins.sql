@@ -1,0 +1,18 @@
+-- Mutation for tests/model_check.rs: a late result overwrites the job (last writer wins), the
+-- bug the compare-and-swap of SPEC rule 3 prevents. The real function is kept under another
+-- name and wrapped.
+ALTER FUNCTION intent.complete_attempt(uuid, bigint, jsonb) RENAME TO complete_attempt_real;
+CREATE FUNCTION intent.complete_attempt(attempt_id uuid, version bigint, result jsonb)
+RETURNS intent.completion
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, intent, pg_temp AS $$
+DECLARE
+    answer intent.completion := intent.complete_attempt_real($1, $2, $3);
+BEGIN
+    IF answer = 'lost' THEN
+        UPDATE intent.jobs j SET state = 'succeeded', result = $3, completed_by = $1
+         WHERE j.id = intent.job_of($1) AND j.state = 'succeeded';
+        RETURN 'won';
+    END IF;
+    RETURN answer;
+END
+$$;
