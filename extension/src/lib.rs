@@ -34,6 +34,7 @@ mod batch;
 mod begin;
 mod contract;
 mod decisions;
+mod direct;
 mod entry;
 mod finish;
 mod ids;

@@ -18,40 +18,23 @@ use pgrx::spi::SpiClient;
 /// not an arbiter is an error (23505), not a "do nothing".
 static INSERT_JOB: Statement = Statement {
     slot: 0,
-    // A key whose earlier job was purged starts above that job's last version (retired_keys),
-    // so a late report from one of the purged job's attempts, whose ids the new job reuses,
-    // presents a version the new job never handed out and changes nothing.
+    // $8, the first version, is above the last version of a purged job of the same key (see
+    // direct::first_version): a late report from one of the purged job's attempts, whose ids
+    // the new job reuses, then presents a version the new job never handed out.
     sql: "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts,
                                    version, created_at, updated_at)
-          VALUES ($1, $2, $3, $4, $5, $6, $7,
-                  coalesce((SELECT r.version + 1 FROM intent.retired_keys r WHERE r.id = $1), 1),
-                  statement_timestamp(), statement_timestamp())
+          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, statement_timestamp(), statement_timestamp())
           ON CONFLICT DO NOTHING
           RETURNING version",
-    args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::JSONBOID, pg_sys::TEXTOID, pg_sys::INT4OID],
-};
-
-/// Reads the existing job in a fresh statement (hence a fresh snapshot under READ COMMITTED) and
-/// compares the fingerprint in SQL, with jsonb equality for params. A running job whose open
-/// attempt is past its deadline is reported as unknown: the deadline rule holds swept or not.
-static FIND_JOB: Statement = Statement {
-    slot: 1,
-    sql: "SELECT j.owner_id = $5 AND j.idempotency_key = $6,
-                 j.provider = $2,
-                 j.params = $3,
-                 j.contract IS NOT DISTINCT FROM $4,
-                 j.state::text,
-                 j.version,
-                 j.result
-            FROM intent.jobs j
-           WHERE j.id = $1",
     args: &[
         pg_sys::UUIDOID,
         pg_sys::TEXTOID,
+        pg_sys::TEXTOID,
+        pg_sys::TEXTOID,
         pg_sys::JSONBOID,
         pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
+        pg_sys::INT4OID,
+        pg_sys::INT8OID,
     ],
 };
 
@@ -134,6 +117,9 @@ fn submit(
         // A conflict whose row then cannot be found was deleted in between (a purge): the key is
         // free again, so insert again. Three rounds is plenty; more means something is wrong.
         for _ in 0..3 {
+            // Read after a lookup that found no job: if a purge removed the job, its tombstone
+            // committed with the removal and is visible here.
+            let first_version = crate::direct::first_version(job_id);
             let inserted = plans::run(
                 client,
                 &INSERT_JOB,
@@ -145,6 +131,7 @@ fn submit(
                     params.into(),
                     contract.into(),
                     max_attempts.into(),
+                    first_version.into(),
                 ],
             );
             if let Some(row) = plans::first(inserted) {
@@ -180,21 +167,16 @@ struct Intent<'a> {
 /// The existing job of this key, judged against the intent: the job (a replay), or IJ001 when
 /// the key was used for another intent. None when there is no such job.
 fn find(client: &mut SpiClient<'_>, intent: &Intent<'_>) -> Option<Answer<Submitted>> {
-    let found = plans::run(
-        client,
-        &FIND_JOB,
-        &[
-            intent.job_id.into(),
-            intent.provider.into(),
-            intent.params.into(),
-            intent.contract.into(),
-            intent.owner_id.into(),
-            intent.key.into(),
-        ],
-    );
-    let row = plans::first(found)?;
+    let found = crate::direct::find_job(
+        intent.job_id,
+        intent.owner_id,
+        intent.key,
+        intent.provider,
+        intent.params,
+        intent.contract,
+    )?;
     let (job_id, owner_id, key) = (intent.job_id, intent.owner_id, intent.key);
-    if !plans::must::<bool>(&row, 1) {
+    if !found.same_key {
         // The id is taken by another key: 112 bits of SHA-256 agreed for two different keys.
         // Report it; never hand out another intent's job.
         return Some(Err(Refusal::idempotency_conflict(format!(
@@ -203,18 +185,19 @@ fn find(client: &mut SpiClient<'_>, intent: &Intent<'_>) -> Option<Answer<Submit
         .detail("Two different keys derived the same job id.")
         .hint("Use another idempotency key.")));
     }
-    let mut differ = Vec::new();
-    for (ordinal, field) in [(2, "provider"), (3, "params"), (4, "contract")] {
-        if !plans::must::<bool>(&row, ordinal) {
-            differ.push(field);
-        }
-    }
+    let differ: Vec<&str> = [
+        (found.same_provider, "provider"),
+        (found.same_params, "params"),
+        (found.same_contract, "contract"),
+    ]
+    .into_iter()
+    .filter(|(same, _)| !same)
+    .map(|(_, field)| field)
+    .collect();
     if !differ.is_empty() {
         return Some(Err(conflict(job_id, owner_id, key, &differ)));
     }
-    let mut state: String = plans::must(&row, 5);
-    let version = plans::must(&row, 6);
-    let result = plans::get(&row, 7);
+    let mut state = found.state;
     if state == "running" {
         let lapsed = plans::first(plans::run(client, &RUNNING_LAPSED, &[job_id.into()]))
             .expect("SELECT EXISTS returns a row");
@@ -226,8 +209,8 @@ fn find(client: &mut SpiClient<'_>, intent: &Intent<'_>) -> Option<Answer<Submit
         job_id,
         created: false,
         state,
-        version,
-        result,
+        version: found.version,
+        result: found.result,
     }))
 }
 
