@@ -22,5 +22,12 @@ last_writer_wins.sql reverse_order_finish
 swallow_serialization_failure.sql isolation_levels
 generic_errors.sql sqlstates
 share_the_attempt.sql concurrent_begin
+model_last_writer_wins.sql model_check
+model_heartbeat_revives.sql model_check
+model_fail_always_retries.sql model_check
+model_cancel_keeps_version.sql model_check
+security_public_grants.sql security
+security_unpinned_search_path.sql security
+security_rls_not_forced.sql security
 LIST
 exit $missed

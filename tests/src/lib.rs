@@ -15,7 +15,9 @@
 pub mod reliability;
 
 pub mod cron;
+pub mod dump;
 pub mod model;
+pub mod roles;
 
 use std::fmt;
 use std::fs;
