@@ -81,6 +81,8 @@ pub enum Call {
         contract: Option<String>,
         max_attempts: i32,
     },
+    /// `submit_jobs`: every element a [`Call::Submit`].
+    SubmitBatch(Vec<Call>),
     Begin {
         job_id: Uuid,
         provider: Option<String>,
@@ -169,6 +171,8 @@ pub enum Answer {
     Version(i32),
     /// The call was refused with this SQLSTATE.
     Refused(String),
+    /// `submit_jobs`: one answer per intent, in order.
+    Batch(Vec<Answer>),
 }
 
 fn refused(code: &str) -> Answer {
@@ -533,6 +537,12 @@ impl Model {
                 contract.as_deref(),
                 *max_attempts,
             ),
+            // docs/protocol.md § submit_jobs: each intent gets the answer submit_job would give
+            // it, in order (a key repeated later in the batch is a second submit); one bad
+            // intent does not stop the others.
+            Call::SubmitBatch(submits) => {
+                Answer::Batch(submits.iter().map(|s| self.apply(s)).collect())
+            }
             Call::Begin {
                 job_id,
                 provider,

@@ -125,6 +125,10 @@ enum Op {
         fingerprint: Fingerprint,
         max_attempts: i32,
     },
+    /// `submit_jobs`: (slot, fingerprint, max_attempts) per intent.
+    SubmitBatch {
+        items: Vec<(usize, Fingerprint, i32)>,
+    },
     Begin {
         job: JobSel,
         provider: Option<usize>,
@@ -312,9 +316,11 @@ fn op() -> impl Strategy<Value = Op> {
     ];
     let honest = prop_oneof![12 => Just(true), 1 => Just(false)];
     prop_oneof![
-        12 => (slot(), fingerprint, max_attempts).prop_map(|(slot, fingerprint, max_attempts)| {
-            Op::Submit { slot, fingerprint, max_attempts }
-        }),
+        12 => (slot(), fingerprint.clone(), max_attempts.clone()).prop_map(
+            |(slot, fingerprint, max_attempts)| Op::Submit { slot, fingerprint, max_attempts }
+        ),
+        3 => proptest::collection::vec((slot(), fingerprint, max_attempts), 1..=4)
+            .prop_map(|items| Op::SubmitBatch { items }),
         14 => (job_sel(), prop_oneof![6 => Just(None), 1 => (0..PROVIDERS.len()).prop_map(Some)], lease)
             .prop_map(|(job, provider, lease)| Op::Begin { job, provider, lease }),
         14 => (attempt_ref(), honest.clone(), 0..7usize).prop_map(|(attempt, honest, result)| {
@@ -431,6 +437,21 @@ fn resolve(model: &Model, op: &Op) -> Call {
                 max_attempts,
             }
         }
+        Op::SubmitBatch { ref items } => Call::SubmitBatch(
+            items
+                .iter()
+                .map(|&(slot, fingerprint, max_attempts)| {
+                    resolve(
+                        model,
+                        &Op::Submit {
+                            slot,
+                            fingerprint,
+                            max_attempts,
+                        },
+                    )
+                })
+                .collect(),
+        ),
         Op::Begin {
             job: sel,
             provider,
@@ -550,6 +571,59 @@ async fn run_real(c: &Client, call: &Call) -> Answer {
                 version: r.get(3),
                 result: r.get(4),
             }),
+        Call::SubmitBatch(submits) => {
+            let (mut owners, mut keys, mut providers) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut params, mut contracts, mut max_attempts) =
+                (Vec::new(), Vec::new(), Vec::new());
+            for s in submits {
+                let Call::Submit {
+                    owner,
+                    key,
+                    provider,
+                    params: p,
+                    contract,
+                    max_attempts: m,
+                } = s
+                else {
+                    unreachable!("{s:?}")
+                };
+                owners.push(owner.clone());
+                keys.push(key.clone());
+                providers.push(provider.clone());
+                params.push(p.clone());
+                contracts.push(contract.clone());
+                max_attempts.push(*m);
+            }
+            c.query(
+                "SELECT job_id, created, state::text, version, result, sqlstate
+                   FROM intent.submit_jobs($1, $2, $3, $4, $5, $6) ORDER BY ordinality",
+                &[
+                    &owners,
+                    &keys,
+                    &providers,
+                    &params,
+                    &contracts,
+                    &max_attempts,
+                ],
+            )
+            .await
+            .map(|rows| {
+                Answer::Batch(
+                    rows.iter()
+                        .map(|r| match r.get::<_, Option<String>>(5) {
+                            Some(code) => Answer::Refused(code),
+                            None => Answer::Submitted {
+                                job_id: r.get(0),
+                                created: r.get(1),
+                                state: r.get(2),
+                                version: r.get(3),
+                                result: r.get(4),
+                            },
+                        })
+                        .collect(),
+                )
+            })
+        }
         Call::Begin {
             job_id,
             provider,
@@ -896,7 +970,7 @@ impl Seen {
     fn note(&self, call: &Call, answer: &Answer) {
         let call = format!("{call:?}");
         let call = call
-            .split([' ', '{'])
+            .split([' ', '{', '('])
             .next()
             .unwrap_or_default()
             .to_string();
@@ -910,6 +984,13 @@ impl Seen {
             Answer::Count(n) => format!("{}", n.min(&2)),
             Answer::Version(v) => format!("v{v}"),
             Answer::Done => "done".into(),
+            Answer::Batch(answers) => {
+                let refused = answers
+                    .iter()
+                    .filter(|a| matches!(a, Answer::Refused(_)))
+                    .count();
+                format!("{} intents, {refused} refused", answers.len())
+            }
         };
         *self
             .0
