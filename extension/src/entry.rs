@@ -50,12 +50,45 @@ pub unsafe fn call(
     let answer = unsafe {
         pg_sys::submodules::panic::pgrx_extern_c_guard(|| {
             let _path = PinnedSearchPath::push();
+            let _rls = UnboundSkipsPolicies::enter();
             body(fcinfo)
         })
     };
     match answer {
         Ok(datum) => datum,
         Err(refusal) => unsafe { raise(refusal) },
+    }
+}
+
+/// For a session that is not bound to an owner, the owner isolation policies are `owner_id =
+/// owner_id`: true for every row, yet each statement still pays for evaluating them. Such a
+/// session runs our statements with row-level security not forced on the table owner
+/// (SECURITY_NOFORCE_RLS), which changes no answer. Plans are cached per mode
+/// (`plans::run`), so a plan built without the policies never serves a bound session.
+struct UnboundSkipsPolicies(Option<(pg_sys::Oid, std::ffi::c_int)>);
+
+impl UnboundSkipsPolicies {
+    fn enter() -> Self {
+        if crate::owner::is_bound() {
+            return UnboundSkipsPolicies(None);
+        }
+        let mut user = pg_sys::InvalidOid;
+        let mut context = 0;
+        // SAFETY: plain reads and writes of the backend's current user and security context.
+        unsafe {
+            pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
+            pg_sys::SetUserIdAndSecContext(user, context | pg_sys::SECURITY_NOFORCE_RLS as c_int);
+        }
+        UnboundSkipsPolicies(Some((user, context)))
+    }
+}
+
+impl Drop for UnboundSkipsPolicies {
+    fn drop(&mut self) {
+        // An error unwinding through here restores it too; a transaction abort would anyway.
+        if let Some((user, context)) = self.0 {
+            unsafe { pg_sys::SetUserIdAndSecContext(user, context) };
+        }
     }
 }
 

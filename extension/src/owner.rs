@@ -8,6 +8,7 @@
 
 use crate::refusal::{Answer, Refusal};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::ffi::CString;
 
@@ -15,6 +16,11 @@ static OWNER_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::ne
 
 /// Registers the setting; called from `_PG_init`.
 pub fn register() {
+    define();
+    restore_role_binding();
+}
+
+fn define() {
     GucRegistry::define_string_guc(
         c"intent.owner_id",
         c"The owner this session acts for (pg_intent owner isolation).",
@@ -25,6 +31,44 @@ pub fn register() {
     );
 }
 
+/// A session can set a custom setting before the library that defines it is loaded, and a
+/// client can pass one in its startup packet (`options=-c intent.owner_id=…`). PostgreSQL
+/// discards such a value when the library loads if the session had no right to set it — but it
+/// has already displaced the value the role or database was given with `ALTER ROLE … SET`, so
+/// the session would be left unbound: a tenant could escape its binding. This puts the role's
+/// (or database's) own setting back, with the priority a login gives it.
+fn restore_role_binding() {
+    // Loaded at server start (shared_preload_libraries) the setting exists before any client
+    // value could displace anything; outside a transaction there is no catalog to read anyway.
+    if is_bound() || unsafe { !pg_sys::IsTransactionState() } {
+        return;
+    }
+    // The precedence PostgreSQL applies at login: database-and-role, then role, then database.
+    let binding = Spi::get_one::<String>(
+        "SELECT substr(s, length('intent.owner_id=') + 1)
+           FROM pg_catalog.pg_db_role_setting d, unnest(d.setconfig) AS s
+          WHERE s LIKE 'intent.owner_id=%'
+            AND ((d.setrole = (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = session_user)
+                  AND d.setdatabase IN ((SELECT oid FROM pg_catalog.pg_database
+                                          WHERE datname = pg_catalog.current_database()), 0))
+              OR (d.setrole = 0 AND d.setdatabase = (SELECT oid FROM pg_catalog.pg_database
+                                                      WHERE datname = pg_catalog.current_database())))
+          ORDER BY d.setrole = 0, d.setdatabase = 0
+          LIMIT 1",
+    );
+    if let Ok(Some(owner)) = binding {
+        let value = CString::new(owner).expect("a setting has no NUL byte");
+        unsafe {
+            pg_sys::SetConfigOption(
+                c"intent.owner_id".as_ptr(),
+                value.as_ptr(),
+                pg_sys::GucContext::PGC_SUSET,
+                pg_sys::GucSource::PGC_S_USER,
+            );
+        }
+    }
+}
+
 /// The owner this session is bound to, or NULL when it is not bound.
 #[pg_extern(stable, parallel_safe)]
 pub fn bound_owner() -> Option<String> {
@@ -32,6 +76,11 @@ pub fn bound_owner() -> Option<String> {
         .get()
         .map(|c| c.to_string_lossy().into_owned())
         .filter(|s| !s.is_empty())
+}
+
+/// Whether this session is bound to an owner (cheaper than reading which one).
+pub fn is_bound() -> bool {
+    OWNER_ID.get().is_some_and(|c| !c.is_empty())
 }
 
 /// Refuses (42501) to act for an owner other than the one the session is bound to.

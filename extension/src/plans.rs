@@ -20,16 +20,25 @@ pub struct Statement {
     pub args: &'static [pg_sys::Oid],
 }
 
-/// How many statements the protocol has (the cache's size).
+/// How many statements the protocol has (the cache's size, per mode).
 pub const SLOTS: usize = 64;
 
 thread_local! {
+    /// Plans built with the owner isolation policies applied (slots 0..SLOTS), and without them
+    /// for sessions not bound to an owner (SLOTS..2*SLOTS, see entry.rs). PostgreSQL's plan
+    /// cache does not tell the two apart, so a plan must never cross from one to the other.
     static CACHE: RefCell<Vec<Option<Rc<OwnedPreparedStatement>>>> =
-        RefCell::new((0..SLOTS).map(|_| None).collect());
+        RefCell::new((0..2 * SLOTS).map(|_| None).collect());
 }
 
 fn plan(client: &SpiClient<'_>, stmt: &Statement) -> Rc<OwnedPreparedStatement> {
-    if let Some(plan) = CACHE.with_borrow(|cache| cache[stmt.slot].clone()) {
+    // SAFETY: reads the backend's security context.
+    let slot = if unsafe { pg_sys::InNoForceRLSOperation() } {
+        SLOTS + stmt.slot
+    } else {
+        stmt.slot
+    };
+    if let Some(plan) = CACHE.with_borrow(|cache| cache[slot].clone()) {
         return plan;
     }
     let types: Vec<PgOid> = stmt.args.iter().map(|oid| PgOid::from(*oid)).collect();
@@ -39,7 +48,7 @@ fn plan(client: &SpiClient<'_>, stmt: &Statement) -> Rc<OwnedPreparedStatement> 
             .unwrap_or_else(|e| panic!("pg_intent: cannot prepare statement {}: {e}", stmt.slot))
             .keep(),
     );
-    CACHE.with_borrow_mut(|cache| cache[stmt.slot] = Some(plan.clone()));
+    CACHE.with_borrow_mut(|cache| cache[slot] = Some(plan.clone()));
     plan
 }
 
