@@ -29,5 +29,9 @@ model_cancel_keeps_version.sql model_check
 security_public_grants.sql security
 security_unpinned_search_path.sql security
 security_rls_not_forced.sql security
+reliability_second_winner.sql storm
+reliability_arbiter_on_key_only.sql storm
+reliability_unlogged_tables.sql crash
+reliability_noop_that_writes.sql hostile_input
 LIST
 exit $missed
