@@ -947,6 +947,19 @@ async fn a_connection_killed_around_its_commit_retries_to_the_same_job() {
         .unwrap();
     assert!(first.created);
     terminate(&observer, "victim_idle").await;
+    // Gone before the COMMIT is even sent.
+    while observer
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'victim_idle'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        > 0
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     assert!(
         victim.batch_execute("COMMIT").await.is_err(),
         "the COMMIT cannot succeed"

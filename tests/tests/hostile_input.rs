@@ -1743,6 +1743,37 @@ async fn thousands_of_bad_calls_get_their_documented_answer_and_change_nothing()
             ));
             break;
         }
+        // The backend that took the call is the one that took the previous one, and the
+        // postmaster is the one that started (a backend crash would have taken this session).
+        let (pid, started): (i32, f64) = match client
+            .query_one(
+                "SELECT pg_backend_pid(), extract(epoch FROM pg_postmaster_start_time())::float8",
+                &[],
+            )
+            .await
+        {
+            Ok(row) => (row.get(0), row.get(1)),
+            Err(e) => {
+                v.push(format!(
+                    "#{n} {} ({}): the session died: {e}",
+                    c.family,
+                    short(&c.what)
+                ));
+                break;
+            }
+        };
+        let expected_pid = match c.session {
+            Session::Main => pids[0],
+            Session::Bound => pids[1],
+            Session::Outsider => pids[2],
+        };
+        v.check(pid == expected_pid && started == watch.start_time(), || {
+            format!(
+                "#{n} {} ({}): backend {pid} (was {expected_pid}), postmaster started at {started}",
+                c.family,
+                short(&c.what)
+            )
+        });
         if n % 200 == 199 {
             for (client, pid) in [(&main, pids[0]), (&bound, pids[1]), (&outsider, pids[2])] {
                 v.check(backend_pid(client).await == pid, || {
