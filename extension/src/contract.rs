@@ -91,10 +91,17 @@ static VALIDITY_OK: Statement = Statement {
 
 static REVOKE: Statement = Statement {
     slot: 25,
-    sql: "UPDATE intent.certifications SET revoked_at = statement_timestamp(), revoked_reason = $3
-           WHERE provider = $1 AND contract = $2 AND revoked_at IS NULL
-             AND expires_at > statement_timestamp()
-          RETURNING id",
+    // Only the certification that counts (the newest) can be current; revoking it is what
+    // stops failovers, and the answer says whether there was one to stop.
+    sql: "UPDATE intent.certifications c
+             SET revoked_at = statement_timestamp(), revoked_reason = $3
+           WHERE c.id = (SELECT n.id FROM intent.certifications n
+                          WHERE n.provider = $1 AND n.contract = $2
+                          ORDER BY n.id DESC LIMIT 1)
+             AND c.revoked_at IS NULL
+             AND c.expires_at > statement_timestamp()
+             AND c.contract_version = (SELECT k.version FROM intent.contracts k WHERE k.name = $2)
+          RETURNING c.id",
     args: &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
 };
 

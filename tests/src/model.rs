@@ -404,8 +404,9 @@ impl Quirks {
     pub const SPEC: Quirks = Quirks {
         revoke_any_standing: false,
     };
+    /// None left: `revoke_certification` now withdraws only the current certification.
     pub const KNOWN: Quirks = Quirks {
-        revoke_any_standing: true,
+        revoke_any_standing: false,
     };
 }
 

@@ -1079,7 +1079,6 @@ fn the_server_answers_like_the_model_at_every_step() {
 /// answer `false` ("false when there was no current certification") — the extension answers
 /// `true`. Likewise when the newest certification has expired but an older one has not.
 #[test]
-#[ignore = "extension bug: revoke_certification answers true (and revokes) when no certification is current: after the contract was redefined, or when the newest one expired"]
 fn revoke_answers_false_without_a_current_certification() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -490,28 +490,58 @@ async fn functions_run_as_an_owner_that_row_security_binds() {
     }
 }
 
-/// README § Privileges: "the API functions are SECURITY DEFINER … with search_path pinned to
-/// pg_catalog, intent, pg_temp". Since commit 262370f the C API functions carry no SET clause
-/// (they push pg_catalog as an override path inside each call instead), so `proconfig` is NULL.
+/// README § Privileges: the API functions are C functions, SECURITY DEFINER, that pin their
+/// search path to pg_catalog inside each call (no SET clause: it would cost a settings change
+/// per call); every other SECURITY DEFINER function (SQL or PL/pgSQL, which could resolve names
+/// at run time) must carry `SET search_path = pg_catalog, intent, pg_temp`. The shadow-object
+/// tests below prove that the pinning holds for the C functions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "extension/README mismatch: the C SECURITY DEFINER functions have no SET search_path (proconfig NULL) although README § Privileges says it is pinned to pg_catalog, intent, pg_temp"]
-async fn every_security_definer_function_has_a_pinned_search_path_setting() {
+async fn every_security_definer_function_pins_its_search_path() {
     let db = Cluster::shared().fresh_db("sec_proconfig").await;
     let admin = db.connect().await;
-    let unpinned: Vec<String> = intent_functions(&admin)
-        .await
-        .into_iter()
+    let functions = intent_functions(&admin).await;
+    let unpinned: Vec<String> = functions
+        .iter()
         .filter(|f| {
             f.security_definer
+                && f.language != "c"
                 && f.config.as_deref()
                     != Some(&["search_path=pg_catalog, intent, pg_temp".to_string()][..])
         })
-        .map(|f| f.signature)
+        .map(|f| f.signature.clone())
         .collect();
     assert!(
         unpinned.is_empty(),
         "without a pinned search_path: {unpinned:?}"
     );
+    // And the C ones are exactly the API, all SECURITY DEFINER.
+    let c_api: Vec<&str> = functions
+        .iter()
+        .filter(|f| f.language == "c" && f.security_definer)
+        .map(|f| f.name.as_str())
+        .collect();
+    for call in [
+        "submit_job",
+        "submit_jobs",
+        "begin_attempt",
+        "complete_attempt",
+        "fail_attempt",
+        "mark_unknown",
+        "heartbeat",
+        "abandon_attempt",
+        "cancel_job",
+        "sweep",
+        "purge",
+        "define_contract",
+        "certify_provider",
+        "revoke_certification",
+        "validate_result",
+    ] {
+        assert!(
+            c_api.contains(&call),
+            "{call} is not a SECURITY DEFINER C function: {c_api:?}"
+        );
+    }
 }
 
 // --- shadows ------------------------------------------------------------------------------------
@@ -1509,9 +1539,9 @@ async fn rebinding_before_the_library_loads_is_discarded() {
 /// The same attempt through the connection's startup options (`PGOPTIONS='-c
 /// intent.owner_id=…'`, or `options=` in a connection string): the placeholder takes the place
 /// of the role's setting, is discarded with a WARNING when the library loads — and the
-/// session is left *unbound*, seeing and acting on every owner's jobs.
+/// session is left *unbound*, seeing and acting on every owner's jobs — unless the library puts
+/// the role's binding back when it loads, as it does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "extension bug: a bound tenant escapes owner isolation by connecting with options='-c intent.owner_id=x' (the startup value replaces the ALTER ROLE binding, is discarded on load, and leaves the session unbound)"]
 async fn rebinding_through_startup_options_does_not_unbind() {
     let db = Cluster::shared().fresh_db("sec_options").await;
     let admin = db.connect().await;
