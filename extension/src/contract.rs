@@ -147,9 +147,14 @@ fn validator(
     .expect("the contract row was just read");
     let schema: Jsonb = plans::must(&row, 1);
     // A stored schema compiled when it was defined; failing now means the crate changed its mind.
-    let compiled = Rc::new(compile(&schema.to_value()).unwrap_or_else(|e| {
-        panic!("pg_intent: the stored schema of contract {name} no longer compiles: {e}")
-    }));
+    let compiled = Rc::new(
+        schema
+            .to_value()
+            .and_then(|v| compile(&v))
+            .unwrap_or_else(|e| {
+                panic!("pg_intent: the stored schema of contract {name} no longer compiles: {e}")
+            }),
+    );
     VALIDATORS.with_borrow_mut(|m| {
         m.insert(
             name.to_string(),
@@ -188,7 +193,16 @@ pub fn validate(
     let checker: Option<pg_sys::Oid> = plans::get(&row, 2);
     let row_version: String = plans::must(&row, 3);
     let validator = validator(client, name, &row_version);
-    let value = result.to_value();
+    let value = match result.to_value() {
+        Ok(value) => value,
+        // A result that cannot be read cannot be shown to satisfy the contract.
+        Err(e) => {
+            return Some(Err(Violation {
+                version,
+                errors: vec![json!({"path": "", "message": format!("cannot be validated: {e}")})],
+            }));
+        }
+    };
     let errors: Vec<Value> = validator
         .iter_errors(&value)
         .take(MAX_ERRORS)
@@ -307,7 +321,7 @@ fn define(
 ) -> Answer<i32> {
     let name = input::name("name", name)?;
     let schema = input::document("output_schema", output_schema)?;
-    if let Err(e) = compile(&schema.to_value()) {
+    if let Err(e) = schema.to_value().and_then(|v| compile(&v)) {
         return Err(
             Refusal::bad_input("output_schema is not a valid JSON Schema (draft 2020-12)")
                 .detail(e)
@@ -386,6 +400,13 @@ fn certify(
     let contract = input::name("contract", contract)?;
     let evidence = input::document("evidence", evidence)?;
     let valid_for = input::required("valid_for", valid_for)?;
+    if !input::within_ten_thousand_years(&valid_for) {
+        return Err(
+            Refusal::bad_input("valid_for must be positive and at most 366 days")
+                .detail(format!("valid_for is {valid_for}."))
+                .hint("Certify again with fresh evidence when it expires."),
+        );
+    }
     Spi::connect_mut(|client| {
         // Months have no fixed length: compare the real expiry, as the row will store it.
         let row = plans::first(plans::run(client, &VALIDITY_OK, &[valid_for.into()]))

@@ -1,7 +1,7 @@
 //! Out-of-band decisions: `abandon_attempt` (an operator stops waiting for an attempt) and
 //! `cancel_job` (the owner withdraws the intent).
 
-use crate::entry::{arg, null, value};
+use crate::entry::{arg, value, void};
 use crate::input;
 use crate::job;
 use crate::plans::{self, Statement};
@@ -53,7 +53,7 @@ crate::entry::sql_function!(
 /// `intent.abandon_attempt(attempt_id, reason)` → void.
 fn abandon_attempt(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
     abandon(arg(fcinfo, 0), arg(fcinfo, 1))?;
-    Ok(null(fcinfo))
+    Ok(void())
 }
 
 fn abandon(attempt_id: Option<Uuid>, reason: Option<&str>) -> Answer<()> {

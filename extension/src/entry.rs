@@ -178,6 +178,11 @@ pub fn arg<T: FromDatum>(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<T
     unsafe { pgrx::fcinfo::pg_getarg::<T>(fcinfo, n) }
 }
 
+/// Returns from a function declared `RETURNS void` (PG_RETURN_VOID: a zero datum, not NULL).
+pub fn void() -> pg_sys::Datum {
+    pg_sys::Datum::from(0usize)
+}
+
 /// Returns SQL NULL.
 pub fn null(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     // SAFETY: fcinfo is the call's own.

@@ -10,8 +10,8 @@ use pgrx::datum::Interval;
 /// Larger payloads belong in blob storage, referenced from the document.
 pub const MAX_DOCUMENT_BYTES: usize = 1024 * 1024;
 
-/// The longest lease or heartbeat extension. Long work keeps its lease alive by heartbeats;
-/// a lease longer than this would hide a dead worker for too long.
+/// The longest lease or heartbeat extension (one day, on the calendar). Long work keeps its
+/// lease alive by heartbeats; a longer lease would hide a dead worker for too long.
 pub const MAX_LEASE_MICROS: i128 = 24 * 3600 * 1_000_000;
 
 /// The longest free-text reason accepted, in characters.
@@ -68,11 +68,17 @@ pub fn document(arg: &str, value: Option<Jsonb>) -> Answer<Jsonb> {
     Ok(value)
 }
 
-/// A positive interval no longer than [`MAX_LEASE_MICROS`].
+/// A positive lease of at most a day. PostgreSQL adds an interval's months and days on the
+/// calendar (in the session's time zone) and its microseconds on the clock, so the parts are
+/// checked one by one rather than by a total that assumes 30-day months: no negative part (the
+/// deadline could then fall before the start), no months, and days plus time within one day.
+/// '1 day' across a daylight-saving change is 23 or 25 hours, as the deadline will be.
 pub fn lease(arg: &str, value: Option<Interval>) -> Answer<Interval> {
     let value = required(arg, value)?;
-    let micros = value.as_micros();
-    if micros <= 0 || micros > MAX_LEASE_MICROS {
+    let (months, days, micros) = (value.months(), value.days(), value.micros());
+    let within_a_day = i128::from(days) * 86_400_000_000 + i128::from(micros);
+    if months != 0 || days < 0 || micros < 0 || within_a_day <= 0 || within_a_day > MAX_LEASE_MICROS
+    {
         return Err(Refusal::bad_input(format!(
             "{arg} must be positive and at most 24 hours"
         ))
@@ -80,6 +86,15 @@ pub fn lease(arg: &str, value: Option<Interval>) -> Answer<Interval> {
         .hint("Ask for a short lease and extend it with intent.heartbeat() while the work runs."));
     }
     Ok(value)
+}
+
+/// Whether every part of an interval is small enough (under ten thousand years) that adding it
+/// to a timestamp cannot leave the timestamp range: PostgreSQL would raise 22008 there.
+pub fn within_ten_thousand_years(v: &Interval) -> bool {
+    const YEARS: i64 = 10_000;
+    i64::from(v.months()).abs() <= 12 * YEARS
+        && i64::from(v.days()).abs() <= 366 * YEARS
+        && v.micros().unsigned_abs() <= (366 * YEARS * 86_400_000_000) as u64
 }
 
 /// max_attempts: 1 to 65535 (an attempt number must fit in the attempt id's last two bytes).

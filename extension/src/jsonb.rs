@@ -13,6 +13,9 @@ use pgrx::pgrx_sql_entity_graph::metadata::{
 };
 use pgrx::{FromDatum, IntoDatum, PgMemoryContexts};
 
+/// How deeply nested a value contract validation reads (serde_json's own limit).
+pub const MAX_VALIDATED_DEPTH: usize = 128;
+
 /// A non-NULL `jsonb` datum, possibly toasted.
 #[derive(Clone, Copy, Debug)]
 pub struct Jsonb(pg_sys::Datum);
@@ -24,12 +27,25 @@ impl Jsonb {
         unsafe { pg_sys::toast_raw_datum_size(self.0) }
     }
 
-    /// Parses the value, for the one place that must look inside: contract validation.
-    pub fn to_value(self) -> serde_json::Value {
-        // SAFETY: self.0 is a valid, non-NULL jsonb datum.
-        unsafe { pgrx::JsonB::from_polymorphic_datum(self.0, false, pg_sys::JSONBOID) }
-            .expect("a non-NULL jsonb datum")
-            .0
+    /// Parses the value, for the one place that must look inside: contract validation. Fails
+    /// for values nested deeper than [`MAX_VALIDATED_DEPTH`] levels: validation recurses as
+    /// deep as the value, and the stack of a backend is not the place to find its end.
+    pub fn to_value(self) -> Result<serde_json::Value, String> {
+        // SAFETY: jsonb_out takes a jsonb datum and returns a NUL-terminated text.
+        let text = unsafe {
+            pgrx::fcinfo::direct_function_call::<&std::ffi::CStr>(
+                pg_sys::jsonb_out,
+                &[Some(self.0)],
+            )
+        }
+        .expect("jsonb_out returns a text");
+        serde_json::from_str(&text.to_string_lossy()).map_err(|e| {
+            if e.to_string().contains("recursion limit") {
+                format!("the value is nested deeper than {MAX_VALIDATED_DEPTH} levels")
+            } else {
+                e.to_string()
+            }
+        })
     }
 }
 

@@ -4,7 +4,7 @@
 //! started attempt past its deadline already counts as unknown everywhere; these calls only make
 //! the tables say so.
 
-use crate::entry::{arg, null, value};
+use crate::entry::{arg, value, void};
 use crate::input;
 use crate::job;
 use crate::plans::{self, Statement};
@@ -32,8 +32,8 @@ static MARK_UNKNOWN: Statement = Statement {
     args: &[pg_sys::UUIDOID, pg_sys::TEXTOID],
 };
 
-/// Extends a live lease. Only a started attempt within its lease, whose job is still running,
-/// can be extended: anything else tells the worker to stop.
+/// Extends a live lease (the job row is locked first). Only a started attempt within its lease,
+/// whose job is still running, can be extended: anything else tells the worker to stop.
 static HEARTBEAT: Statement = Statement {
     slot: 14,
     sql: "UPDATE intent.attempts a
@@ -69,7 +69,7 @@ crate::entry::sql_function!(
 /// `intent.mark_unknown(attempt_id, reason)` → void.
 fn mark_unknown_entry(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
     mark_unknown(arg(fcinfo, 0), arg(fcinfo, 1))?;
-    Ok(null(fcinfo))
+    Ok(void())
 }
 
 fn mark_unknown(attempt_id: Option<Uuid>, reason: Option<&str>) -> Answer<()> {
@@ -100,19 +100,11 @@ fn heartbeat(attempt_id: Option<Uuid>, extend: Option<Interval>) -> Answer<bool>
         some => Some(input::lease("extend", some)?),
     };
     Spi::connect_mut(|client| {
-        // The common case touches the attempt row only; heartbeats are frequent.
-        if plans::first(plans::run(
-            client,
-            &HEARTBEAT,
-            &[attempt_id.into(), extend.into()],
-        ))
-        .is_some()
-        {
-            return Ok(true);
-        }
-        // Otherwise find out why, under the job lock, and make the tables honest.
+        // The job row first, as every call does: locking the attempt first would let a heartbeat
+        // and a completion of the same job wait for each other (a deadlock).
         let (_job, attempt) = job::lock_for_attempt(client, attempt_id)?;
         if attempt.is_lapsed() {
+            // A lapsed lease is never revived: the attempt is unknown now, for good.
             job::settle_lapsed(client, attempt_id, "heartbeat");
             return Ok(false);
         }

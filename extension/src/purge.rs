@@ -7,6 +7,7 @@
 //! report from the old job's attempts presents a version the new job never handed out.
 
 use crate::entry::{arg, value};
+use crate::input;
 use crate::plans::{self, Statement};
 use crate::refusal::{Answer, Refusal};
 use pgrx::datum::Interval;
@@ -74,7 +75,7 @@ fn purge_entry(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
 }
 
 fn purge(older_than: Option<Interval>, batch_size: Option<i32>) -> Answer<i64> {
-    let batch_size = crate::input::required("batch_size", batch_size)?;
+    let batch_size = input::required("batch_size", batch_size)?;
     if !(1..=MAX_BATCH).contains(&batch_size) {
         return Err(
             Refusal::bad_input(format!("batch_size must be between 1 and {MAX_BATCH}"))
@@ -98,6 +99,12 @@ fn purge(older_than: Option<Interval>, batch_size: Option<i32>) -> Answer<i64> {
                 .detail("intent.purge() removes finished jobs older than a retention, and none was given.")
                 .hint("Pass one, e.g. intent.purge('30 days'), or set intent.retention."));
         };
+        if !input::within_ten_thousand_years(&retention) {
+            return Err(
+                Refusal::bad_input("the retention must be less than ten thousand years")
+                    .detail(format!("The retention is {retention}.")),
+            );
+        }
         if !plans::must::<bool>(&row, 2) {
             return Err(Refusal::bad_input("the retention must be positive")
                 .detail(format!("The retention is {retention}."))

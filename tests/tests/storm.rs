@@ -827,8 +827,6 @@ async fn storms_of_identical_conflicting_and_racing_calls_keep_every_answer_true
 
 /// The same storm with heartbeats racing the timers, operators and deliveries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "extension bug: heartbeat can deadlock (40P01) with calls that lock the job first; \
-            see heartbeats_racing_state_changes_never_deadlock"]
 async fn storms_with_racing_heartbeats_keep_every_answer_true() {
     storm("storm_heartbeats", true).await;
 }
@@ -838,8 +836,6 @@ async fn storms_with_racing_heartbeats_keep_every_answer_true() {
 /// heartbeats and completes in one transaction while another delivery of the same result
 /// arrives must therefore get `won` (and the other delivery `won` too, a replay), never 40P01.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "extension bug: heartbeat locks the attempt row before the job row, so heartbeat + \
-            complete_attempt in one transaction deadlocks (40P01) with a concurrent complete_attempt"]
 async fn heartbeat_then_complete_in_one_transaction_never_deadlocks() {
     let db = Cluster::shared().fresh_db("storm_deadlock").await;
     let worker = db.connect().await;
@@ -920,9 +916,6 @@ async fn racing_identical_submits_never_surface_a_unique_violation() {
 /// each other. Heartbeats racing a timer, an operator and two deliveries of the result, all in
 /// autocommit, must never see 40P01.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "extension bug: heartbeat's fast path can keep a row lock on the attempt (taken while \
-            rechecking a concurrently updated row) and then lock the job row: 40P01 against \
-            calls that lock the job first"]
 async fn heartbeats_racing_state_changes_never_deadlock() {
     let db = Cluster::shared().fresh_db("storm_heartbeat_race").await;
     let clients = db.connect_many(12, "storm_heartbeat_race").await;
