@@ -1,11 +1,14 @@
 -- Mutation for tests/timeout.rs: a lease that ran out treated as a failure (the gate reopens
 -- behind the provider's back), sweep failing attempts instead of making them unknown, and a
--- heartbeat that answers true without extending anything.
-CREATE FUNCTION intent._fail_lapsed(job uuid) RETURNS bigint LANGUAGE sql AS $$
+-- heartbeat that answers true without extending anything. begin_attempt is wrapped (the real
+-- function kept under another name); sweep and heartbeat are replaced outright (the real ones
+-- renamed, unused).
+CREATE FUNCTION intent._fail_lapsed(for_job uuid) RETURNS bigint
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, intent, pg_temp AS $$
     WITH a AS (
         UPDATE intent.attempts a SET state = 'failed', finished_at = statement_timestamp(),
                                      error = '{"kind": "timeout"}'
-         WHERE (job IS NULL OR a.job_id = job) AND a.state = 'started'
+         WHERE (for_job IS NULL OR a.job_id = for_job) AND a.state = 'started'
            AND a.deadline <= statement_timestamp()
         RETURNING a.job_id),
     j AS (
@@ -13,32 +16,25 @@ CREATE FUNCTION intent._fail_lapsed(job uuid) RETURNS bigint LANGUAGE sql AS $$
     SELECT count(*) FROM a
 $$;
 
-CREATE OR REPLACE FUNCTION intent.begin_attempt(
+ALTER FUNCTION intent.begin_attempt(uuid, text, interval, text) RENAME TO begin_attempt_real;
+CREATE FUNCTION intent.begin_attempt(
     job_id uuid, provider text DEFAULT NULL, lease interval DEFAULT '30 seconds', worker text DEFAULT NULL)
 RETURNS TABLE (attempt_id uuid, attempt_no integer, version bigint, deadline timestamptz)
-LANGUAGE plpgsql AS $$
-#variable_conflict use_column
-DECLARE
-    r record;
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, intent, pg_temp AS $$
 BEGIN
     PERFORM intent._fail_lapsed($1);
-    SELECT * INTO r FROM intent._begin_attempt($1, $2, $3, $4);
-    IF r.err_code IS NOT NULL THEN
-        PERFORM intent._refuse(r.err_code, r.err_message, r.err_detail, r.err_hint);
-    END IF;
-    attempt_id := r.attempt_id; attempt_no := r.attempt_no; version := r.version; deadline := r.deadline;
-    RETURN NEXT;
+    RETURN QUERY SELECT * FROM intent.begin_attempt_real($1, $2, $3, $4);
 END
 $$;
 
-CREATE OR REPLACE FUNCTION intent.sweep() RETURNS bigint LANGUAGE sql AS $$
+ALTER FUNCTION intent.sweep() RENAME TO sweep_real;
+CREATE FUNCTION intent.sweep() RETURNS bigint
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, intent, pg_temp AS $$
     SELECT intent._fail_lapsed(NULL)
 $$;
 
-CREATE OR REPLACE FUNCTION intent.heartbeat(attempt_id uuid, extend interval DEFAULT NULL)
-RETURNS boolean
-LANGUAGE plpgsql AS $$
-BEGIN
-    RETURN EXISTS (SELECT 1 FROM intent.attempts a WHERE a.id = $1 AND a.state = 'started');
-END
+ALTER FUNCTION intent.heartbeat(uuid, interval) RENAME TO heartbeat_real;
+CREATE FUNCTION intent.heartbeat(attempt_id uuid, extend interval DEFAULT NULL) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, intent, pg_temp AS $$
+    SELECT EXISTS (SELECT 1 FROM intent.attempts a WHERE a.id = $1 AND a.state = 'started')
 $$;
