@@ -91,16 +91,19 @@ static VALIDITY_OK: Statement = Statement {
 
 static REVOKE: Statement = Statement {
     slot: 25,
-    // Only the certification that counts (the newest) can be current; revoking it is what
-    // stops failovers, and the answer says whether there was one to stop.
+    // Whether there is a current certification is decided by the newest of the pair (the one
+    // that counts); when there is, every standing row of the pair is withdrawn, so that nothing
+    // of the provider's standing for the contract is left.
     sql: "UPDATE intent.certifications c
              SET revoked_at = statement_timestamp(), revoked_reason = $3
-           WHERE c.id = (SELECT n.id FROM intent.certifications n
-                          WHERE n.provider = $1 AND n.contract = $2
-                          ORDER BY n.id DESC LIMIT 1)
-             AND c.revoked_at IS NULL
-             AND c.expires_at > statement_timestamp()
-             AND c.contract_version = (SELECT k.version FROM intent.contracts k WHERE k.name = $2)
+           WHERE c.provider = $1 AND c.contract = $2
+             AND c.revoked_at IS NULL AND c.expires_at > statement_timestamp()
+             AND (SELECT n.revoked_at IS NULL AND n.expires_at > statement_timestamp()
+                         AND n.contract_version = (SELECT k.version FROM intent.contracts k
+                                                    WHERE k.name = $2)
+                    FROM intent.certifications n
+                   WHERE n.provider = $1 AND n.contract = $2
+                   ORDER BY n.id DESC LIMIT 1)
           RETURNING c.id",
     args: &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
 };

@@ -12,11 +12,10 @@
 //! PostgreSQL refuses to run as root, so when the tests run as root (as CI does) the directory
 //! is given to the `postgres` user and `initdb`/`pg_ctl` run through `runuser -u postgres --`.
 
-pub mod reliability;
-
 pub mod cron;
 pub mod dump;
 pub mod model;
+pub mod reliability;
 pub mod roles;
 
 use std::fmt;
