@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{TestDb, eventually};
+use common::{TestDb, eventually, gateway_db};
 use pg_intent_gateway::{Config, Gateway, Outcome, Provider, Task, WorkerConfig, fake_provider};
 use reqwest::header::HeaderValue;
 use serde_json::{Value, json};
@@ -54,7 +54,7 @@ fn config() -> Config {
 }
 
 async fn start(config: Config, provider: impl Provider, worker: bool) -> Gw {
-    let db = TestDb::new().await;
+    let db = gateway_db().await;
     let pool = pg_intent_gateway::pool(&db.cluster.conn_str_as(&db.name, "gateway"), 32).unwrap();
     let gateway = Gateway::new(pool, config, provider);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -170,6 +170,14 @@ impl Cluster {
         )
     }
 
+    /// A connection string for `dbname`, as `user` (a role a test created).
+    pub fn conn_str_as(&self, dbname: &str, user: &str) -> String {
+        format!(
+            "host=127.0.0.1 port={} user={user} dbname={dbname}",
+            self.port
+        )
+    }
+
     /// Connects to `dbname`, driving the connection on a spawned task.
     pub async fn connect(&self, dbname: &str) -> tokio_postgres::Client {
         let (client, conn) = tokio_postgres::connect(&self.conn_str(dbname), tokio_postgres::NoTls)
