@@ -69,4 +69,13 @@ COMMENT ON INDEX intent.attempts_started_deadline IS 'Finds attempts whose lease
 COMMENT ON CONSTRAINT attempts_id_derived ON intent.attempts IS
     'The id must be intent.attempt_id(job_id, attempt_no), so it names its job.';
 
+COMMENT ON CONSTRAINT attempts_pkey ON intent.attempts IS 'The derived attempt id.';
+COMMENT ON CONSTRAINT attempts_job_fkey ON intent.attempts IS 'Every attempt belongs to a job, and goes with it when a purge removes it.';
+COMMENT ON CONSTRAINT attempts_job_attempt_no_unique ON intent.attempts IS 'Attempt numbers are unique within a job.';
+COMMENT ON CONSTRAINT attempts_deadline_after_start ON intent.attempts IS 'A lease ends after it starts.';
+COMMENT ON CONSTRAINT attempts_finished_when_final ON intent.attempts IS 'finished_at is set exactly when the attempt''s own outcome arrived.';
+COMMENT ON CONSTRAINT attempts_result_only_when_returned ON intent.attempts IS 'Only an attempt that returned holds a result (won, discarded, or rejected).';
+COMMENT ON INDEX intent.attempts_pkey IS 'Finds an attempt by its id.';
+COMMENT ON INDEX intent.attempts_job_attempt_no_unique IS 'A job''s attempts in order; also serves the foreign key.';
+
 SELECT pg_catalog.pg_extension_config_dump('intent.attempts', '');

@@ -63,6 +63,16 @@ COMMENT ON COLUMN intent.certifications.revoked_at IS 'When revoke_certification
 COMMENT ON COLUMN intent.certifications.revoked_reason IS 'Why it was revoked.';
 COMMENT ON INDEX intent.certifications_provider_contract IS 'Finds the certification that counts for a failover.';
 
+COMMENT ON CONSTRAINT contracts_pkey ON intent.contracts IS 'One contract per name.';
+COMMENT ON CONSTRAINT contracts_schema_is_object ON intent.contracts IS 'A JSON Schema is an object or a boolean.';
+COMMENT ON CONSTRAINT contracts_version_positive ON intent.contracts IS 'Versions start at 1.';
+COMMENT ON CONSTRAINT certifications_pkey ON intent.certifications IS 'Orders certifications; the newest of a pair counts.';
+COMMENT ON CONSTRAINT certifications_contract_fkey ON intent.certifications IS 'A certification is for a defined contract.';
+COMMENT ON CONSTRAINT certifications_expires_after_certified ON intent.certifications IS 'A certification expires after it is recorded.';
+COMMENT ON CONSTRAINT certifications_revocation_has_reason ON intent.certifications IS 'A revocation always says why.';
+COMMENT ON INDEX intent.contracts_pkey IS 'Finds a contract by name.';
+COMMENT ON INDEX intent.certifications_pkey IS 'Finds a certification by id.';
+
 ALTER TABLE intent.jobs
     ADD CONSTRAINT jobs_contract_fkey FOREIGN KEY (contract) REFERENCES intent.contracts (name);
 COMMENT ON CONSTRAINT jobs_contract_fkey ON intent.jobs IS

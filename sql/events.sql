@@ -34,5 +34,9 @@ COMMENT ON COLUMN intent.events.detail IS
     'The facts: for late_result the winner, the version the late attempt presented and the current one; for timeout the deadline and who noticed; reasons as given.';
 COMMENT ON INDEX intent.events_job_id IS 'Reads one job''s story in order.';
 
+COMMENT ON CONSTRAINT events_pkey ON intent.events IS 'Orders the log.';
+COMMENT ON CONSTRAINT events_attempt_of_job ON intent.events IS 'An event''s attempt belongs to the event''s job.';
+COMMENT ON INDEX intent.events_pkey IS 'The log in order.';
+
 SELECT pg_catalog.pg_extension_config_dump('intent.events', '');
 SELECT pg_catalog.pg_extension_config_dump('intent.events_id_seq', '');

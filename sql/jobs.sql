@@ -75,6 +75,13 @@ COMMENT ON CONSTRAINT jobs_id_derived ON intent.jobs IS
 COMMENT ON CONSTRAINT jobs_completed_by_when_decided ON intent.jobs IS
     'An outcome stands (completed_by) exactly when the job succeeded or failed.';
 
+COMMENT ON CONSTRAINT jobs_pkey ON intent.jobs IS 'The derived id: every layer can route by it.';
+COMMENT ON CONSTRAINT jobs_attempt_count_range ON intent.jobs IS 'No more attempts than max_attempts (IJ006 is the API''s side of it).';
+COMMENT ON CONSTRAINT jobs_result_only_when_succeeded ON intent.jobs IS 'Only a win puts a result on the job.';
+COMMENT ON CONSTRAINT jobs_completed_by_is_own_attempt ON intent.jobs IS 'The attempt whose outcome stands belongs to this job.';
+COMMENT ON INDEX intent.jobs_pkey IS 'Finds a job by its derived id (every call but submit_job).';
+COMMENT ON INDEX intent.jobs_owner_key_unique IS 'One job per intent: the index behind jobs_owner_key_unique.';
+
 -- For intent.purge(): finished jobs are found by age. BRIN because created_at only grows and
 -- never changes, so the index costs next to nothing to keep and never blocks HOT updates.
 CREATE INDEX jobs_created_at ON intent.jobs USING brin (created_at);
@@ -90,6 +97,8 @@ CREATE TABLE intent.retired_keys (
     retired_at  timestamptz           NOT NULL,
     CONSTRAINT retired_keys_pkey PRIMARY KEY (id)
 );
+COMMENT ON CONSTRAINT retired_keys_pkey ON intent.retired_keys IS 'One row per purged job id.';
+COMMENT ON INDEX intent.retired_keys_pkey IS 'Finds a purged id''s last version when its key is submitted again.';
 COMMENT ON TABLE intent.retired_keys IS
     'One row per purged job id: the last version it handed out, so that a new job of the same key never reuses a fencing token. About 40 bytes per purged key, kept.';
 COMMENT ON COLUMN intent.retired_keys.id IS 'The purged job''s id (derived from its key).';

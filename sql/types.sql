@@ -63,6 +63,12 @@ CREATE DOMAIN intent.event_kind AS text
 COMMENT ON DOMAIN intent.event_kind IS
     'What an event records: timeout, abandoned, cancelled, late_result, late_failure or contract_violation.';
 
+COMMENT ON CONSTRAINT short_name_length ON DOMAIN intent.short_name IS '1 to 255 characters (char_length).';
+COMMENT ON CONSTRAINT attempt_number_range ON DOMAIN intent.attempt_number IS 'Fits in the last two bytes of an attempt id.';
+COMMENT ON CONSTRAINT fencing_token_positive ON DOMAIN intent.fencing_token IS 'Versions start at 1 (or above a purged job''s last one).';
+COMMENT ON CONSTRAINT lease_positive ON DOMAIN intent.lease IS 'A deadline after the start.';
+COMMENT ON CONSTRAINT event_kind_known ON DOMAIN intent.event_kind IS 'The kinds of event the protocol records.';
+
 CREATE TYPE intent.completion AS ENUM (
     'won',       -- the compare-and-swap changed the job: this result is the job's result
     'lost',      -- another attempt already won, or the job ended: the result was kept on the attempt only
