@@ -32,11 +32,7 @@ fn char_len(s: &str) -> usize {
 /// A name-like text: 1 to 255 characters.
 pub fn name<'a>(arg: &str, value: Option<&'a str>) -> Answer<&'a str> {
     let value = required(arg, value)?;
-    let n = if value.len() <= MAX_NAME_CHARS {
-        value.chars().count()
-    } else {
-        char_len(value)
-    };
+    let n = char_len(value);
     if n == 0 || n > MAX_NAME_CHARS {
         return Err(Refusal::bad_input(format!(
             "{arg} must be 1 to {MAX_NAME_CHARS} characters long"

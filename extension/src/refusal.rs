@@ -15,7 +15,7 @@ pub struct Refusal {
     pub hint: Option<String>,
 }
 
-/// The answer of a core function: a value, or a refusal the wrapper raises.
+/// The answer of an API call's body: a value, or a refusal that `entry.rs` raises.
 pub type Answer<T> = Result<T, Refusal>;
 
 impl Refusal {

@@ -1,9 +1,10 @@
 //! Every documented SQLSTATE reaches a client byte-exact, with its DETAIL and HINT, through
 //! tokio-postgres (`DbError::code().code()`); a refusal writes nothing; the backend survives.
 //!
-//! pgrx would re-raise a custom SQLSTATE raised from Rust as `XX000`, which is why the
-//! extension returns refusals to a PL/pgSQL wrapper that raises them. This file is the proof
-//! that the codes survive the trip to a real client.
+//! pgrx would re-raise a custom SQLSTATE raised inside its guard as `XX000`, which is why the
+//! extension's C entry points raise refusals themselves once the guard is behind
+//! (extension/src/entry.rs). This file is the proof that the codes survive the trip to a real
+//! client.
 
 use pg_intent_tests::*;
 
