@@ -9,7 +9,7 @@
 
 use crate::entry::{arg, enum_value, one_row_each};
 use crate::input;
-use crate::jsonb::Jsonb;
+use crate::jsonb::{CallJsonb, Jsonb};
 use crate::plans::{self, Statement};
 use crate::refusal::{Answer, Refusal};
 use pgrx::datum::DatumWithOid;
@@ -52,7 +52,9 @@ static FIND_JOBS: Statement = Statement {
 };
 
 /// Inserts the new keys; like submit_job's insert, ON CONFLICT DO NOTHING waits for a
-/// concurrent inserter of the same key, and every unique index is an arbiter.
+/// concurrent inserter of the same key, and every unique index is an arbiter. The rows go in
+/// in id order, whatever the order of the arrays: two batches that share keys then meet them in
+/// the same order, so one waits for the other instead of each waiting for the other (40P01).
 static INSERT_JOBS: Statement = Statement {
     slot: 41,
     sql: "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts,
@@ -61,6 +63,7 @@ static INSERT_JOBS: Statement = Statement {
             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::text[], $7::int4[])
                  AS u(id, o, k, p, pa, c, m)
             LEFT JOIN intent.retired_keys r ON r.id = u.id
+           ORDER BY u.id
           ON CONFLICT DO NOTHING
           RETURNING id, version",
     args: &[
@@ -304,7 +307,8 @@ fn find(client: &mut SpiClient<'_>, pending: &[Item], answers: &mut [Option<Answ
             created: false,
             state: if lapsed { "unknown".into() } else { state },
             version: row.get(7).ok().flatten().expect("version is NOT NULL"),
-            result: row.get(8).ok().flatten(),
+            // Copied into the call's memory: SPI's is gone when the rows are returned.
+            result: row.get::<CallJsonb>(8).ok().flatten().map(|r| r.0),
         }));
     }
 }

@@ -176,9 +176,11 @@ pub fn find_job(
                 state,
                 version: i64::from_datum(value(slot, cols.version).0, false)
                     .expect("version is NOT NULL"),
-                // Copied (and detoasted) out of the buffer the slot pins.
+                // Copied (and detoasted) out of the buffer the slot pins, into the memory of
+                // the API call: this runs inside SPI, whose memory is gone by the time the
+                // call returns the result.
                 result: Jsonb::from_datum_in_memory_context(
-                    pgrx::PgMemoryContexts::CurrentMemoryContext,
+                    pgrx::PgMemoryContexts::For(crate::entry::caller_memory()),
                     result,
                     result_null,
                     pg_sys::JSONBOID,

@@ -49,8 +49,7 @@ pub unsafe fn call(
 ) -> pg_sys::Datum {
     let answer = unsafe {
         pg_sys::submodules::panic::pgrx_extern_c_guard(|| {
-            let _path = PinnedSearchPath::push();
-            let _rls = UnboundSkipsPolicies::enter();
+            let _call = Call::enter()?;
             body(fcinfo)
         })
     };
@@ -60,43 +59,102 @@ pub unsafe fn call(
     }
 }
 
-/// For a session that is not bound to an owner, the owner isolation policies are `owner_id =
-/// owner_id`: true for every row, yet each statement still pays for evaluating them. Such a
-/// session runs our statements with row-level security not forced on the table owner
-/// (SECURITY_NOFORCE_RLS), which changes no answer. Plans are cached per mode
-/// (`plans::run`), so a plan built without the policies never serves a bound session.
-struct UnboundSkipsPolicies(Option<(pg_sys::Oid, std::ffi::c_int)>);
+thread_local! {
+    /// The memory context each API call was entered in, innermost last (see [`caller_memory`]).
+    static CALLER_MEMORY: RefCell<Vec<pg_sys::MemoryContext>> = const { RefCell::new(Vec::new()) };
+}
 
-impl UnboundSkipsPolicies {
-    fn enter() -> Self {
-        if crate::owner::is_bound() {
-            return UnboundSkipsPolicies(None);
+/// The memory context the innermost API call was entered in: where a value it returns must
+/// live. Memory allocated inside `Spi::connect*` belongs to SPI and is freed when SPI
+/// disconnects, before the call returns; a value read there and returned (a stored result, on
+/// a replay) must be copied here first.
+pub fn caller_memory() -> pg_sys::MemoryContext {
+    CALLER_MEMORY
+        .with_borrow(|stack| stack.last().copied())
+        .expect("pg_intent: caller_memory() outside an API call")
+}
+
+/// What every API call sets up before its body runs, undone when it ends (on unwinding too; a
+/// transaction abort would undo the security context and the search path anyway).
+///
+/// - It refuses to run inside a restricted operation (below).
+/// - It fixes the security context: row-level security forced for a bound session, skipped
+///   for an unbound one (below).
+/// - It pins the search path.
+/// - It records the caller's memory context for [`caller_memory`].
+struct Call {
+    security: Option<(pg_sys::Oid, c_int)>,
+    _path: PinnedSearchPath,
+}
+
+impl Call {
+    fn enter() -> Answer<Call> {
+        // SAFETY: plain reads of the backend's security context.
+        if unsafe { pg_sys::InSecurityRestrictedOperation() } {
+            // PostgreSQL runs index expressions, ANALYZE, VACUUM, CLUSTER, REINDEX and REFRESH
+            // MATERIALIZED VIEW as the table's owner, in a restricted security context, in the
+            // session of whoever started them (often an unbound DBA session). Code a tenant
+            // planted there must not act on jobs through that session.
+            return Err(Refusal::insufficient_privilege(
+                "pg_intent cannot be called from inside a maintenance operation",
+            )
+            .detail("The call ran in a restricted security context: an index expression, or a function run by ANALYZE, VACUUM, CLUSTER, REINDEX, CREATE INDEX or REFRESH MATERIALIZED VIEW.")
+            .hint("Call pg_intent from ordinary statements only."));
         }
-        let mut user = pg_sys::InvalidOid;
-        let mut context = 0;
-        // SAFETY: plain reads and writes of the backend's current user and security context.
-        unsafe {
-            pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
-            pg_sys::SetUserIdAndSecContext(user, context | pg_sys::SECURITY_NOFORCE_RLS as c_int);
-        }
-        UnboundSkipsPolicies(Some((user, context)))
+        let security = security_context();
+        CALLER_MEMORY.with_borrow_mut(|stack| stack.push(unsafe { pg_sys::CurrentMemoryContext }));
+        Ok(Call {
+            security,
+            _path: PinnedSearchPath::push(),
+        })
     }
 }
 
-impl Drop for UnboundSkipsPolicies {
+impl Drop for Call {
     fn drop(&mut self) {
-        // An error unwinding through here restores it too; a transaction abort would anyway.
-        if let Some((user, context)) = self.0 {
+        CALLER_MEMORY.with_borrow_mut(|stack| stack.pop());
+        if let Some((user, context)) = self.security {
+            // SAFETY: puts back what `security_context` read.
             unsafe { pg_sys::SetUserIdAndSecContext(user, context) };
         }
     }
 }
 
+/// Sets the security context of a call; returns the one to restore, if it changed.
+///
+/// Row-level security binds the table owner, as whom the functions run, only while the
+/// context lacks SECURITY_NOFORCE_RLS. PostgreSQL sets that bit for referential-integrity
+/// actions, and code reached from them (a trigger on a table an `ON DELETE CASCADE` deletes
+/// from) inherits it: a bound session must never run our statements with it, or its owner
+/// isolation would be skipped. So a bound session's call clears the bit.
+///
+/// For an unbound session the isolation policies are `owner_id = owner_id`: true for every
+/// row, yet each statement would still pay for evaluating them. Such a session's call sets
+/// the bit, which changes no answer. Plans are cached per mode (`plans::run`), so a plan built
+/// without the policies never serves a bound session.
+fn security_context() -> Option<(pg_sys::Oid, c_int)> {
+    let no_force = pg_sys::SECURITY_NOFORCE_RLS as c_int;
+    let mut user = pg_sys::InvalidOid;
+    let mut context = 0;
+    // SAFETY: plain reads and writes of the backend's current user and security context.
+    unsafe { pg_sys::GetUserIdAndSecContext(&mut user, &mut context) };
+    let wanted = if crate::owner::is_bound() {
+        context & !no_force
+    } else {
+        context | no_force
+    };
+    if wanted == context {
+        return None;
+    }
+    unsafe { pg_sys::SetUserIdAndSecContext(user, wanted) };
+    Some((user, context))
+}
+
 /// `pg_catalog` only, for as long as it lives (popped on unwinding too).
-struct PinnedSearchPath;
+pub(crate) struct PinnedSearchPath;
 
 impl PinnedSearchPath {
-    fn push() -> Self {
+    pub(crate) fn push() -> Self {
         let mut path = pg_sys::OverrideSearchPath {
             schemas: std::ptr::null_mut(),
             addCatalog: true,
@@ -106,6 +164,25 @@ impl PinnedSearchPath {
         // SAFETY: PushOverrideSearchPath copies what it needs into its own memory.
         unsafe { pg_sys::PushOverrideSearchPath(&mut path) };
         PinnedSearchPath
+    }
+
+    /// Runs `f` with the pinned path lifted (for code that is not ours: a contract's checker
+    /// runs with its own search path). The path is pinned again afterwards, on unwinding too.
+    pub(crate) fn lifted<R>(f: impl FnOnce() -> R) -> R {
+        // SAFETY: every API call pushed one path, the innermost on top, and only this
+        // function pops it before the call ends: the top is ours.
+        unsafe { pg_sys::PopOverrideSearchPath() };
+        let _again = PushOnDrop;
+        f()
+    }
+}
+
+/// Pins the path again when dropped (see [`PinnedSearchPath::lifted`]).
+struct PushOnDrop;
+
+impl Drop for PushOnDrop {
+    fn drop(&mut self) {
+        std::mem::forget(PinnedSearchPath::push());
     }
 }
 

@@ -27,6 +27,15 @@ impl Jsonb {
         unsafe { pg_sys::toast_raw_datum_size(self.0) }
     }
 
+    /// The value's bytes (its binary jsonb form, detoasted): equal bytes are the same value.
+    pub fn bytes(self) -> Vec<u8> {
+        // SAFETY: self.0 is a valid varlena datum; the detoasted copy (if any) is read at once.
+        unsafe {
+            let v = pg_sys::pg_detoast_datum_packed(self.0.cast_mut_ptr());
+            pgrx::varlena::varlena_to_byte_slice(v).to_vec()
+        }
+    }
+
     /// Parses the value, for the one place that must look inside: contract validation. Fails
     /// for values nested deeper than [`MAX_VALIDATED_DEPTH`] levels: validation recurses as
     /// deep as the value, and the stack of a backend is not the place to find its end.
@@ -85,6 +94,50 @@ impl FromDatum for Jsonb {
 impl IntoDatum for Jsonb {
     fn into_datum(self) -> Option<pg_sys::Datum> {
         Some(self.0)
+    }
+
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::JSONBOID
+    }
+}
+
+/// A `jsonb` read through SPI (`row.get::<CallJsonb>(n)`), copied (detoasted) into the memory of
+/// the API call that reads it ([`crate::entry::caller_memory`]). SPI's own memory is freed when
+/// SPI disconnects, before the call returns; pgrx's default copy goes to the transaction's
+/// memory, which keeps every copy until the transaction ends.
+#[derive(Clone, Copy, Debug)]
+pub struct CallJsonb(pub Jsonb);
+
+impl FromDatum for CallJsonb {
+    unsafe fn from_polymorphic_datum(
+        datum: pg_sys::Datum,
+        is_null: bool,
+        typoid: pg_sys::Oid,
+    ) -> Option<Self> {
+        unsafe {
+            Jsonb::from_datum_in_memory_context(
+                PgMemoryContexts::For(crate::entry::caller_memory()),
+                datum,
+                is_null,
+                typoid,
+            )
+        }
+        .map(CallJsonb)
+    }
+
+    unsafe fn from_datum_in_memory_context(
+        _memory_context: PgMemoryContexts,
+        datum: pg_sys::Datum,
+        is_null: bool,
+        typoid: pg_sys::Oid,
+    ) -> Option<Self> {
+        unsafe { Self::from_polymorphic_datum(datum, is_null, typoid) }
+    }
+}
+
+impl IntoDatum for CallJsonb {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        self.0.into_datum()
     }
 
     fn type_oid() -> pg_sys::Oid {
