@@ -2,31 +2,9 @@
 --
 -- Same pattern as api.sql: C functions written in Rust, SECURITY DEFINER, search path pinned
 -- inside each call, refusals raised with their exact SQLSTATE. Defining contracts and certifying
--- providers is an administrator's job: checkers run with the extension owner's rights, so these
--- functions must only be granted to trusted roles (see the README, "Privileges").
-
-CREATE FUNCTION intent._run_checker(checker regprocedure, result jsonb)
-RETURNS text
-LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, intent, pg_temp
-AS $$
-DECLARE
-    ok boolean;
-BEGIN
-    -- regproc's text is the function's name, schema-qualified unless it is in pg_catalog or
-    -- intent, so this calls exactly the function the contract names.
-    EXECUTE format('SELECT %s($1)', checker::oid::regproc) INTO ok USING result;
-    IF ok IS TRUE THEN
-        RETURN NULL;
-    END IF;
-    RETURN format('checker %s returned %s', checker, coalesce(ok::text, 'NULL'));
-EXCEPTION WHEN OTHERS THEN
-    -- A checker that raises on a result it cannot interpret has rejected it.
-    RETURN format('checker %s raised %s: %s', checker, SQLSTATE, SQLERRM);
-END
-$$;
-COMMENT ON FUNCTION intent._run_checker(regprocedure, jsonb) IS
-    'Internal: runs a contract''s checker on a result; NULL when it returned true, else why the result is rejected (false, NULL, or the error it raised).';
+-- providers is an administrator's job (see the README, "Privileges"). A contract's checker runs
+-- as the role that owns the checker function, never with the extension's rights: see
+-- extension/src/checker.rs and docs/security.md.
 
 CREATE FUNCTION intent.define_contract(name text, output_schema jsonb, checker regprocedure DEFAULT NULL)
 RETURNS integer
@@ -59,32 +37,38 @@ COMMENT ON FUNCTION intent.validate_result(text, jsonb) IS
 -- A contract's checker is referenced by oid, which records no dependency: without this guard a
 -- DROP FUNCTION would silently make every result of the contract fail its check (and a reused
 -- oid could point the contract at another function).
+--
+-- It fires on every DROP in the database, by any role. So it is SECURITY DEFINER (it runs as
+-- intent_owner, which may read intent.contracts; the role dropping its own temp table may not),
+-- with a SET search_path and every name qualified: it runs in whatever context the DROP runs
+-- in, and must neither fail there nor pick up anything the caller planted.
 CREATE FUNCTION intent._guard_checker_drop()
 RETURNS event_trigger
 LANGUAGE plpgsql
-SET search_path = pg_catalog, intent, pg_temp
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     c record;
 BEGIN
-    -- Dropping the extension itself drops the contracts too: nothing to guard then.
+    -- Dropping the extension itself (or its schema) drops the contracts too: nothing to guard.
     IF pg_catalog.to_regclass('intent.contracts') IS NULL THEN
         RETURN;
     END IF;
     SELECT k.name, d.object_identity INTO c
       FROM pg_catalog.pg_event_trigger_dropped_objects() d
-      JOIN intent.contracts k ON k.checker::oid = d.objid
-     WHERE d.classid = 'pg_catalog.pg_proc'::regclass
+      JOIN intent.contracts k ON k.checker::pg_catalog.oid OPERATOR(pg_catalog.=) d.objid
+     WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
      LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '2BP01',
-            MESSAGE = format('cannot drop function %s: contract %L uses it as its checker', c.object_identity, c.name),
+            MESSAGE = pg_catalog.format('cannot drop function %s: contract %L uses it as its checker', c.object_identity, c.name),
             HINT = 'Redefine the contract with another checker, or none, with intent.define_contract() first.';
     END IF;
 END
 $$;
 COMMENT ON FUNCTION intent._guard_checker_drop() IS
-    'Internal: refuses to drop a function that a contract uses as its checker.';
+    'Internal: refuses to drop a function that a contract uses as its checker. Runs on every DROP, by any role, as intent_owner.';
 
 CREATE EVENT TRIGGER intent_guard_checker_drop ON sql_drop
     EXECUTE FUNCTION intent._guard_checker_drop();

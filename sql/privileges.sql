@@ -101,6 +101,11 @@ GRANT SELECT ON intent.jobs, intent.attempts, intent.events, intent.contracts, i
                 intent.certifications_expiring
   TO intent_operator;
 
+-- Backups: pg_read_all_data is PostgreSQL's role for reading everything (what a non-superuser
+-- pg_dump needs). The owner isolation policies call intent.bound_owner(), so a reader of the
+-- tables must be able to call it too; it only reports the session's own binding.
+GRANT EXECUTE ON FUNCTION intent.bound_owner() TO pg_read_all_data;
+
 GRANT EXECUTE ON FUNCTION
     intent.define_contract(text, jsonb, regprocedure),
     intent.certify_provider(text, text, jsonb, interval),

@@ -1,10 +1,14 @@
 -- pg_intent: views for people (the on-call engineer at 3 a.m., the DBA, the dashboard).
 --
--- They read across jobs, which only maintenance and views may do. They run with the view
--- owner's rights, and the owner isolation policies still apply: a session bound to an owner sees
--- that owner's rows only. intent_operator may read them.
+-- They read across jobs, which only maintenance and views may do. They are security_invoker
+-- views: they read the tables with the rights of whoever queries them, so the owner isolation
+-- policies bind the reader exactly as on the tables themselves (a session bound to an owner sees
+-- that owner's rows only). A view with the owner's rights would read as intent_owner, whom the
+-- policies bind only while row-level security is forced; code reached from a foreign-key
+-- cascade runs with it not forced, and would see every owner through such a view.
+-- intent_operator may read them (it may read the tables too).
 
-CREATE VIEW intent.jobs_by_state AS
+CREATE VIEW intent.jobs_by_state WITH (security_invoker = true) AS
 SELECT j.provider,
        CASE WHEN j.state = 'running' AND EXISTS (
                 SELECT 1 FROM intent.attempts a
@@ -23,7 +27,7 @@ COMMENT ON COLUMN intent.jobs_by_state.jobs IS 'Number of jobs.';
 COMMENT ON COLUMN intent.jobs_by_state.oldest_created_at IS 'When the oldest of them was submitted.';
 COMMENT ON COLUMN intent.jobs_by_state.last_updated_at IS 'When the most recent of them last changed.';
 
-CREATE VIEW intent.attempts_to_reconcile AS
+CREATE VIEW intent.attempts_to_reconcile WITH (security_invoker = true) AS
 SELECT a.id AS attempt_id,
        a.job_id,
        j.owner_id,
@@ -57,7 +61,7 @@ COMMENT ON COLUMN intent.attempts_to_reconcile.age IS 'How long ago it began.';
 COMMENT ON COLUMN intent.attempts_to_reconcile.overdue IS 'How long past its deadline it is (negative: marked unknown before the deadline).';
 COMMENT ON COLUMN intent.attempts_to_reconcile.job_state IS 'The job''s stored state.';
 
-CREATE VIEW intent.lost_races AS
+CREATE VIEW intent.lost_races WITH (security_invoker = true) AS
 SELECT a.job_id,
        j.owner_id,
        j.idempotency_key,
@@ -89,7 +93,7 @@ COMMENT ON COLUMN intent.lost_races.won_at IS 'When it won.';
 COMMENT ON COLUMN intent.lost_races.winning_result IS 'The job''s result.';
 COMMENT ON COLUMN intent.lost_races.job_state IS 'succeeded, failed or cancelled.';
 
-CREATE VIEW intent.certifications_expiring AS
+CREATE VIEW intent.certifications_expiring WITH (security_invoker = true) AS
 SELECT DISTINCT ON (c.provider, c.contract)
        c.provider,
        c.contract,
