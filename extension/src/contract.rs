@@ -6,7 +6,7 @@
 
 use crate::entry::{arg, one_row, value};
 use crate::input;
-use crate::jsonb::Jsonb;
+use crate::jsonb::{CallJsonb, Jsonb};
 use crate::plans::{self, Statement};
 use crate::refusal::{Answer, Refusal};
 use pgrx::IntoDatum;
@@ -25,38 +25,19 @@ pub const VIOLATION: &str = "contract_violation";
 /// How many validation errors are kept on a rejected attempt; the first ones tell the story.
 const MAX_ERRORS: usize = 20;
 
+/// The contract's version, checker and schema. The schema is read every time: the compiled
+/// validator is cached per backend, keyed by the schema itself (see [`validator`]).
 static CONTRACT: Statement = Statement {
     slot: 19,
-    // xmin names the committed row version exactly: a version number can be reused after a
-    // rolled-back or deleted definition, a row version cannot.
-    sql: "SELECT version, checker::oid, xmin::text FROM intent.contracts WHERE name = $1",
+    sql: "SELECT version, checker::oid, output_schema FROM intent.contracts WHERE name = $1",
     args: &[pg_sys::TEXTOID],
 };
 
-static CONTRACT_SCHEMA: Statement = Statement {
-    slot: 20,
-    sql: "SELECT output_schema FROM intent.contracts WHERE name = $1 AND xmin::text = $2",
-    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID],
-};
-
-/// The checker runs in PL/pgSQL so that its errors are caught in a subtransaction there and
-/// become a rejection, instead of aborting the completion.
-static RUN_CHECKER: Statement = Statement {
-    slot: 21,
-    sql: "SELECT intent._run_checker($1::regprocedure, $2)",
-    args: &[pg_sys::OIDOID, pg_sys::JSONBOID],
-};
-
-static CHECKER_SIGNATURE: Statement = Statement {
+/// Whether the role calling define_contract may execute the checker it names.
+static CALLER_MAY_EXECUTE: Statement = Statement {
     slot: 22,
-    sql: "SELECT p.oid::regprocedure::text,
-                 p.pronargs = 1 AND p.proargtypes[0] = 'jsonb'::regtype AND p.prorettype = 'boolean'::regtype
-                   AND NOT p.proretset AND p.prokind = 'f',
-                 p.provolatile <> 'v',
-                 has_function_privilege('intent_owner', p.oid, 'EXECUTE')
-                   AND has_schema_privilege('intent_owner', p.pronamespace, 'USAGE')
-            FROM pg_catalog.pg_proc p WHERE p.oid = $1",
-    args: &[pg_sys::OIDOID],
+    sql: "SELECT has_function_privilege($2, $1, 'EXECUTE')",
+    args: &[pg_sys::OIDOID, pg_sys::OIDOID],
 };
 
 /// Defines a contract, or redefines it (version + 1) when the schema or checker changed.
@@ -121,49 +102,33 @@ static CERTIFICATION: Statement = Statement {
 };
 
 thread_local! {
-    /// Compiled schemas, per contract name, with the row version (xmin) they were compiled from.
-    static VALIDATORS: RefCell<HashMap<String, (String, Rc<jsonschema::Validator>)>> =
+    /// Compiled schemas, per contract name, with the schema (its jsonb bytes) they were
+    /// compiled from. Keyed by the schema itself rather than by a version or a row version: a
+    /// contract redefined in the same transaction, or back and forth, or a frozen row, can never
+    /// serve a stale validator.
+    static VALIDATORS: RefCell<HashMap<String, (Vec<u8>, Rc<jsonschema::Validator>)>> =
         RefCell::new(HashMap::new());
 }
 
-fn compile(schema: &Value) -> Result<jsonschema::Validator, String> {
-    jsonschema::draft202012::new(schema).map_err(|e| e.to_string())
-}
-
-fn validator(
-    client: &mut SpiClient<'_>,
-    name: &str,
-    row_version: &str,
-) -> Rc<jsonschema::Validator> {
+fn validator(name: &str, schema: Jsonb) -> Rc<jsonschema::Validator> {
+    let bytes = schema.bytes();
     if let Some(v) = VALIDATORS.with_borrow(|m| {
         m.get(name)
-            .filter(|(cached, _)| cached == row_version)
+            .filter(|(cached, _)| *cached == bytes)
             .map(|(_, v)| v.clone())
     }) {
         return v;
     }
-    let row = plans::first(plans::run(
-        client,
-        &CONTRACT_SCHEMA,
-        &[name.into(), row_version.into()],
-    ))
-    .expect("the contract row was just read");
-    let schema: Jsonb = plans::must(&row, 1);
     // A stored schema compiled when it was defined; failing now means the crate changed its mind.
     let compiled = Rc::new(
         schema
             .to_value()
-            .and_then(|v| compile(&v))
+            .and_then(|v| crate::schema::compile(&v))
             .unwrap_or_else(|e| {
                 panic!("pg_intent: the stored schema of contract {name} no longer compiles: {e}")
             }),
     );
-    VALIDATORS.with_borrow_mut(|m| {
-        m.insert(
-            name.to_string(),
-            (row_version.to_string(), compiled.clone()),
-        )
-    });
+    VALIDATORS.with_borrow_mut(|m| m.insert(name.to_string(), (bytes, compiled.clone())));
     compiled
 }
 
@@ -194,8 +159,7 @@ pub fn validate(
     let row = plans::first(plans::run(client, &CONTRACT, &[name.into()]))?;
     let version: i32 = plans::must(&row, 1);
     let checker: Option<pg_sys::Oid> = plans::get(&row, 2);
-    let row_version: String = plans::must(&row, 3);
-    let validator = validator(client, name, &row_version);
+    let validator = validator(name, plans::must::<CallJsonb>(&row, 3).0);
     let value = match result.to_value() {
         Ok(value) => value,
         // A result that cannot be read cannot be shown to satisfy the contract.
@@ -209,24 +173,21 @@ pub fn validate(
     let errors: Vec<Value> = validator
         .iter_errors(&value)
         .take(MAX_ERRORS)
-        .map(|e| json!({"path": e.instance_path().to_string(), "message": e.to_string()}))
+        .map(|e| {
+            pgrx::check_for_interrupts!();
+            json!({"path": e.instance_path().to_string(), "message": e.to_string()})
+        })
         .collect();
     if !errors.is_empty() {
         return Some(Err(Violation { version, errors }));
     }
-    if let Some(checker) = checker {
-        let row = plans::first(plans::run(
-            client,
-            &RUN_CHECKER,
-            &[checker.into(), result.into()],
-        ))
-        .expect("SELECT returns a row");
-        if let Some(complaint) = plans::get::<String>(&row, 1) {
-            return Some(Err(Violation {
-                version,
-                errors: vec![json!({"checker": complaint})],
-            }));
-        }
+    if let Some(checker) = checker
+        && let Err(complaint) = crate::checker::run(checker, result)
+    {
+        return Some(Err(Violation {
+            version,
+            errors: vec![json!({"checker": complaint})],
+        }));
     }
     Some(Ok(()))
 }
@@ -324,7 +285,10 @@ fn define(
 ) -> Answer<i32> {
     let name = input::name("name", name)?;
     let schema = input::document("output_schema", output_schema)?;
-    if let Err(e) = schema.to_value().and_then(|v| compile(&v)) {
+    if let Err(e) = schema.to_value().and_then(|v| {
+        crate::schema::check_valid(&v)?;
+        crate::schema::compile(&v).map(|_| ())
+    }) {
         return Err(
             Refusal::bad_input("output_schema is not a valid JSON Schema (draft 2020-12)")
                 .detail(e)
@@ -333,35 +297,7 @@ fn define(
     }
     Spi::connect_mut(|client| {
         if let Some(oid) = checker {
-            let Some(row) = plans::first(plans::run(client, &CHECKER_SIGNATURE, &[oid.into()]))
-            else {
-                return Err(Refusal::bad_input(format!(
-                    "checker function {oid} does not exist"
-                )));
-            };
-            let signature: String = plans::must(&row, 1);
-            if !plans::must::<bool>(&row, 2) {
-                return Err(Refusal::bad_input(format!(
-                    "checker {signature} must take (jsonb) and return boolean"
-                ))
-                .hint("Declare it as CREATE FUNCTION ...(result jsonb) RETURNS boolean."));
-            }
-            if !plans::must::<bool>(&row, 3) {
-                return Err(Refusal::bad_input(format!(
-                    "checker {signature} must be STABLE or IMMUTABLE"
-                ))
-                .detail("A checker only judges a result; a volatile function could write.")
-                .hint("Declare it STABLE (or IMMUTABLE)."));
-            }
-            if !plans::must::<bool>(&row, 4) {
-                return Err(Refusal::bad_input(format!(
-                    "checker {signature} cannot be run by intent_owner"
-                ))
-                .detail("Checkers run as intent_owner, the role that owns pg_intent's functions.")
-                .hint(format!(
-                    "GRANT USAGE ON its schema and EXECUTE ON FUNCTION {signature} TO intent_owner."
-                )));
-            }
+            check_checker(client, oid)?;
         }
         let inserted = plans::first(plans::run(
             client,
@@ -374,6 +310,58 @@ fn define(
             None => current_version(client, name),
         }
     })
+}
+
+/// Refuses (22023) a checker that is not a STABLE or IMMUTABLE `(jsonb) → boolean` function,
+/// that its owner cannot execute (it runs as its owner), or that the calling role could not
+/// execute itself (a contract must not lend anyone a function they may not run).
+fn check_checker(client: &mut SpiClient<'_>, oid: pg_sys::Oid) -> Answer<()> {
+    let Some(c) = crate::checker::describe(oid) else {
+        return Err(Refusal::bad_input(format!(
+            "checker function {oid} does not exist"
+        )));
+    };
+    let signature = &c.signature;
+    if !c.fits {
+        return Err(Refusal::bad_input(format!(
+            "checker {signature} must take (jsonb) and return boolean"
+        ))
+        .hint("Declare it as CREATE FUNCTION ...(result jsonb) RETURNS boolean."));
+    }
+    if !c.stable {
+        return Err(
+            Refusal::bad_input(format!("checker {signature} must be STABLE or IMMUTABLE"))
+                .detail("A checker only judges a result; a volatile function could write.")
+                .hint("Declare it STABLE (or IMMUTABLE)."),
+        );
+    }
+    if !crate::checker::may_execute(c.owner, oid) {
+        return Err(Refusal::bad_input(format!(
+            "checker {signature} cannot be executed by its owner"
+        ))
+        .detail("A checker runs as the role that owns it.")
+        .hint(format!(
+            "GRANT EXECUTE ON FUNCTION {signature} to its owner."
+        )));
+    }
+    // SAFETY: reads the role the session acts as (outside any SECURITY DEFINER function).
+    let caller = unsafe { pg_sys::GetOuterUserId() };
+    let row = plans::first(plans::run(
+        client,
+        &CALLER_MAY_EXECUTE,
+        &[oid.into(), caller.into()],
+    ))
+    .expect("SELECT returns a row");
+    if !plans::must::<bool>(&row, 1) {
+        return Err(Refusal::insufficient_privilege(format!(
+            "permission denied to use {signature} as a checker"
+        ))
+        .detail("The role defining the contract may not execute the checker.")
+        .hint(format!(
+            "GRANT EXECUTE ON FUNCTION {signature} to the role that defines the contract."
+        )));
+    }
+    Ok(())
 }
 
 crate::entry::sql_function!(
@@ -481,7 +469,7 @@ fn validate_result_entry(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Dat
 
 fn validate_result(contract: Option<&str>, result: Option<Jsonb>) -> Answer<(bool, Value)> {
     let contract = input::name("contract", contract)?;
-    let result = input::document("result", result)?;
+    let result = input::result(result)?;
     Spi::connect_mut(|client| match validate(client, contract, result) {
         None => Err(undefined(contract)),
         Some(Ok(())) => Ok((true, json!([]))),

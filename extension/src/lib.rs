@@ -32,6 +32,7 @@ pub extern "C-unwind" fn _PG_init() {
 
 mod batch;
 mod begin;
+mod checker;
 mod contract;
 mod decisions;
 mod direct;
@@ -46,6 +47,7 @@ mod owner;
 mod plans;
 mod purge;
 mod refusal;
+mod schema;
 mod submit;
 
 extension_sql_file!("../../sql/types.sql", name = "types", bootstrap);
