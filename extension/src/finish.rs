@@ -139,7 +139,7 @@ fn complete(
 ) -> Answer<&'static str> {
     let attempt_id = input::required("attempt_id", attempt_id)?;
     let version = input::required("version", version)?;
-    let result = input::document("result", result)?;
+    let result = input::result(result)?;
 
     Spi::connect_mut(|client| {
         let (mut job, attempt) = job::lock_for_attempt(client, attempt_id)?;

@@ -6,9 +6,15 @@ use crate::refusal::{Answer, Refusal};
 use pg_intent_id::MAX_NAME_CHARS;
 use pgrx::datum::Interval;
 
-/// The largest params, result, error or evidence document accepted, in bytes (detoasted).
-/// Larger payloads belong in blob storage, referenced from the document.
+/// The largest params, error, evidence or schema document accepted, in bytes (detoasted).
+/// Params are part of the fingerprint, compared on every replay; larger payloads belong in blob
+/// storage, referenced from the document.
 pub const MAX_DOCUMENT_BYTES: usize = 1024 * 1024;
+
+/// The largest result accepted, in bytes (detoasted). A result is written once and read back on
+/// replays, so it may be larger than params: a provider's answer of a few megabytes is stored
+/// as it came. Past this, store it elsewhere and return a reference.
+pub const MAX_RESULT_BYTES: usize = 16 * 1024 * 1024;
 
 /// The longest lease or heartbeat extension (one day, on the calendar). Long work keeps its
 /// lease alive by heartbeats; a longer lease would hide a dead worker for too long.
@@ -52,12 +58,21 @@ pub fn optional_name<'a>(arg: &str, value: Option<&'a str>) -> Answer<Option<&'a
 
 /// A jsonb document no larger than [`MAX_DOCUMENT_BYTES`].
 pub fn document(arg: &str, value: Option<Jsonb>) -> Answer<Jsonb> {
+    sized_document(arg, value, MAX_DOCUMENT_BYTES)
+}
+
+/// A result document no larger than [`MAX_RESULT_BYTES`].
+pub fn result(value: Option<Jsonb>) -> Answer<Jsonb> {
+    sized_document("result", value, MAX_RESULT_BYTES)
+}
+
+fn sized_document(arg: &str, value: Option<Jsonb>, limit: usize) -> Answer<Jsonb> {
     let value = required(arg, value)?;
     let size = value.raw_size();
-    if size > MAX_DOCUMENT_BYTES {
+    if size > limit {
         return Err(Refusal::bad_input(format!("{arg} is too large"))
             .detail(format!(
-                "{arg} is {size} bytes; the limit is {MAX_DOCUMENT_BYTES} bytes."
+                "{arg} is {size} bytes; the limit is {limit} bytes."
             ))
             .hint("Store large payloads elsewhere and pass a reference to them."));
     }

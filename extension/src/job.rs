@@ -27,10 +27,17 @@ static READ_ATTEMPT: Statement = Statement {
     args: &[pg_sys::UUIDOID],
 };
 
+/// The open attempt, locked FOR SHARE. Under READ COMMITTED the job lock already orders every
+/// change to it, so this never waits; but under REPEATABLE READ and SERIALIZABLE the
+/// transaction's snapshot may predate a heartbeat that extended its lease, and locking a row
+/// updated after the snapshot raises 40001 instead of answering from the stale deadline (IJ003
+/// where IJ002 is right). Not KEY SHARE: that lock is compatible with the heartbeat's update,
+/// which changes no key, and would be granted on the stale row version.
 static OPEN_ATTEMPT: Statement = Statement {
     slot: 4,
     sql: "SELECT id, attempt_no, state::text, deadline <= statement_timestamp(), deadline::text, worker
-            FROM intent.attempts WHERE job_id = $1 AND state IN ('started', 'unknown')",
+            FROM intent.attempts WHERE job_id = $1 AND state IN ('started', 'unknown')
+             FOR SHARE",
     args: &[pg_sys::UUIDOID],
 };
 
