@@ -61,6 +61,10 @@ install_extension() {
   log "building and installing the pg_intent extension (release)"
   (cd "$ROOT/extension" && as_root env "PATH=$PATH" "CARGO_TARGET_DIR=$CARGO_TARGET_DIR" "HOME=$HOME" \
      cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null)
+  # The install scripts of earlier releases, exactly as released (cargo pgrx generates the
+  # current one and copies the upgrade scripts): CREATE EXTENSION pg_intent VERSION '0.1.0'
+  # followed by ALTER EXTENSION pg_intent UPDATE is how the upgrade tests start.
+  as_root cp "$ROOT"/sql/releases/pg_intent--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
 }
 
 setup_all() {
