@@ -16,6 +16,11 @@ fn running_as_root() -> bool {
 /// Runs a client program of the server installation (`pg_dump`, `pg_restore`, …) with the
 /// connection options of `cluster` (127.0.0.1, its port, user `postgres`) followed by `args`.
 pub fn run_pg_tool(cluster: &Cluster, program: &str, args: &[&str]) -> Output {
+    run_pg_tool_as(cluster, "postgres", program, args)
+}
+
+/// [`run_pg_tool`] connecting as the database role `user`.
+pub fn run_pg_tool_as(cluster: &Cluster, user: &str, program: &str, args: &[&str]) -> Output {
     let bin = pg_bin().join(program);
     let mut cmd = if running_as_root() {
         let mut c = Command::new("runuser");
@@ -25,7 +30,7 @@ pub fn run_pg_tool(cluster: &Cluster, program: &str, args: &[&str]) -> Output {
         Command::new(bin)
     };
     let port = cluster.port().to_string();
-    cmd.args(["-h", "127.0.0.1", "-p", &port, "-U", "postgres"])
+    cmd.args(["-h", "127.0.0.1", "-p", &port, "-U", user])
         .args(args)
         .current_dir(cluster.dir())
         .stdin(Stdio::null())

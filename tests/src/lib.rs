@@ -14,6 +14,7 @@
 
 pub mod cron;
 pub mod dump;
+pub mod fixtures;
 pub mod model;
 pub mod reliability;
 pub mod roles;
@@ -151,6 +152,8 @@ pub struct Cluster {
     port: u16,
     as_postgres: bool,
     guardian: Mutex<Option<Child>>,
+    /// Server settings beyond the test defaults, as `-c name=value` options.
+    settings: String,
 }
 
 impl fmt::Debug for Cluster {
@@ -174,6 +177,12 @@ impl Cluster {
     /// on a free port of 127.0.0.1 with the socket in that directory. Blocks until it accepts
     /// connections. Panics with the server log if it cannot.
     pub fn start() -> Cluster {
+        Cluster::start_with(&[])
+    }
+
+    /// Like [`start`](Self::start), with server settings of its own (e.g.
+    /// `("shared_preload_libraries", "pg_intent")`), given on the command line.
+    pub fn start_with(settings: &[(&str, &str)]) -> Cluster {
         check_extension_installed();
         let as_postgres = running_as_root();
         let dir = std::env::temp_dir().join(unique("pg_intent_it"));
@@ -190,6 +199,10 @@ impl Cluster {
             port: free_port(),
             as_postgres,
             guardian: Mutex::new(None),
+            settings: settings
+                .iter()
+                .map(|(name, value)| format!(" -c {name}='{value}'"))
+                .collect(),
         };
         cluster.spawn_guardian();
 
@@ -277,9 +290,10 @@ impl Cluster {
         let log_before = self.server_log().len();
         let options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections={MAX_CONNECTIONS} \
-             -c shared_buffers=32MB -c max_locks_per_transaction=128",
+             -c shared_buffers=32MB -c max_locks_per_transaction=128{}",
             self.port,
-            self.dir.display()
+            self.dir.display(),
+            self.settings
         );
         let out = self.pg_command("pg_ctl", |c| {
             c.arg("-D")

@@ -26,6 +26,8 @@ use tokio_postgres::types::ToSql;
 const PROVIDER: &str = "gpu-east";
 const CONTRACT: &str = "shape-v1";
 const MIB: usize = 1024 * 1024;
+/// The result limit (docs/protocol.md): results may be larger than params.
+const RESULT_LIMIT: usize = 16 * MIB;
 
 type Param = Box<dyn ToSql + Sync + Send>;
 
@@ -268,37 +270,37 @@ fn bad_reason(rng: &mut Rng) -> String {
 
 // --- documents -----------------------------------------------------------------------------------
 
-/// A jsonb document over 1 MiB, as text, in one of several shapes.
-fn huge_document(rng: &mut Rng) -> (Vec<u8>, &'static str) {
+/// A jsonb document over `limit` bytes (params, errors and schemas: 1 MiB; results: 16 MiB),
+/// as text, in one of several shapes.
+fn huge_document(rng: &mut Rng, limit: usize) -> (Vec<u8>, &'static str) {
     let extra = rng.below(4096);
     match rng.below(4) {
         0 => (
-            format!("{{\"blob\": \"{}\"}}", "y".repeat(MIB + extra)).into_bytes(),
-            "a 1 MiB string",
+            format!("{{\"blob\": \"{}\"}}", "y".repeat(limit + extra)).into_bytes(),
+            "a string over the limit",
         ),
         1 => {
-            let items: Vec<String> = (0..(MIB / 7 + extra))
+            let items: Vec<String> = (0..(limit / 7 + extra))
                 .map(|i| (i % 1_000_000).to_string())
                 .collect();
             (
                 format!("[{}]", items.join(",")).into_bytes(),
-                "an array of 150,000 numbers",
+                "an array of numbers over the limit",
             )
         }
         2 => {
-            let fields: Vec<String> = (0..(MIB / 14 + extra))
-                .map(|i| format!("\"k{i:07}\":1"))
+            let fields: Vec<String> = (0..(limit / 14 + extra))
+                .map(|i| format!("\"k{i:08}\":1"))
                 .collect();
             (
                 format!("{{{}}}", fields.join(",")).into_bytes(),
-                "an object of 75,000 keys",
+                "an object of keys over the limit",
             )
         }
         _ => {
             // Deeply nested AND over the limit.
-            let mut doc = nested_json(3000, &format!("\"{}\"", "z".repeat(MIB)));
-            doc.extend_from_slice(b"");
-            (doc, "1 MiB under 3,000 levels of nesting")
+            let doc = nested_json(3000, &format!("\"{}\"", "z".repeat(limit)));
+            (doc, "over the limit under 3,000 levels of nesting")
         }
     }
 }
@@ -741,7 +743,7 @@ fn submit_bad_other(rng: &mut Rng) -> Case {
             "NULL params".to_string()
         }
         1 => {
-            let (doc, what) = huge_document(rng);
+            let (doc, what) = huge_document(rng, MIB);
             p[3] = raw_jsonb(doc);
             format!("params: {what}")
         }
@@ -914,7 +916,7 @@ fn complete_bad(rng: &mut Rng, fx: &Fixture) -> Case {
             "NULL result".to_string()
         }
         3 => {
-            let (doc, what) = huge_document(rng);
+            let (doc, what) = huge_document(rng, RESULT_LIMIT);
             p[2] = raw_jsonb(doc);
             format!("result: {what}")
         }
@@ -976,7 +978,7 @@ fn fail_calls(rng: &mut Rng, fx: &Fixture) -> Case {
             )
         }
         1 => {
-            let (doc, what) = huge_document(rng);
+            let (doc, what) = huge_document(rng, MIB);
             p[2] = raw_jsonb(doc);
             case(
                 "fail_bad",
@@ -1317,7 +1319,7 @@ fn contract_calls(rng: &mut Rng) -> Case {
             let schema = if rng.percent(40) {
                 null_jsonb()
             } else {
-                raw_jsonb(huge_document(rng).0)
+                raw_jsonb(huge_document(rng, MIB).0)
             };
             case(
                 "define_bad",
@@ -1372,7 +1374,7 @@ fn contract_calls(rng: &mut Rng) -> Case {
                     p[2] = if rng.percent(50) {
                         null_jsonb()
                     } else {
-                        raw_jsonb(huge_document(rng).0)
+                        raw_jsonb(huge_document(rng, MIB).0)
                     };
                     "NULL or over-1-MiB evidence"
                 }
@@ -1432,7 +1434,10 @@ fn contract_calls(rng: &mut Rng) -> Case {
                     jsonb(json!({})),
                 ],
                 1 => vec![text(CONTRACT), null_jsonb()],
-                _ => vec![text(CONTRACT), raw_jsonb(huge_document(rng).0)],
+                _ => vec![
+                    text(CONTRACT),
+                    raw_jsonb(huge_document(rng, RESULT_LIMIT).0),
+                ],
             };
             case(
                 "validate_bad",

@@ -12,6 +12,7 @@
 //! - `pg_dump` / `pg_restore` keeps every row (pg_extension_config_dump).
 
 use pg_intent_tests::dump;
+use pg_intent_tests::fixtures::{self, EveryState};
 use pg_intent_tests::roles::*;
 use pg_intent_tests::*;
 use std::collections::BTreeSet;
@@ -459,7 +460,7 @@ async fn functions_run_as_an_owner_that_row_security_binds() {
         if f.language != "c" && f.language != "internal" {
             assert_eq!(
                 f.config.as_deref(),
-                Some(&["search_path=pg_catalog, intent, pg_temp".to_string()][..]),
+                Some(&["search_path=pg_catalog, pg_temp".to_string()][..]),
                 "{} ({}) must pin its search_path",
                 f.signature,
                 f.language
@@ -493,7 +494,7 @@ async fn functions_run_as_an_owner_that_row_security_binds() {
 /// README § Privileges: the API functions are C functions, SECURITY DEFINER, that pin their
 /// search path to pg_catalog inside each call (no SET clause: it would cost a settings change
 /// per call); every other SECURITY DEFINER function (SQL or PL/pgSQL, which could resolve names
-/// at run time) must carry `SET search_path = pg_catalog, intent, pg_temp`. The shadow-object
+/// at run time) must carry `SET search_path = pg_catalog, pg_temp` (and qualify every name of ours). The shadow-object
 /// tests below prove that the pinning holds for the C functions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_security_definer_function_pins_its_search_path() {
@@ -505,8 +506,7 @@ async fn every_security_definer_function_pins_its_search_path() {
         .filter(|f| {
             f.security_definer
                 && f.language != "c"
-                && f.config.as_deref()
-                    != Some(&["search_path=pg_catalog, intent, pg_temp".to_string()][..])
+                && f.config.as_deref() != Some(&["search_path=pg_catalog, pg_temp".to_string()][..])
         })
         .map(|f| f.signature.clone())
         .collect();
@@ -1663,129 +1663,11 @@ async fn dump_and_restore_keep_every_row() {
     let cluster = Cluster::shared();
     let db = cluster.fresh_db("sec_dump").await;
     let c = db.connect().await;
-    c.batch_execute(
-        "CREATE FUNCTION public.has_n(r jsonb) RETURNS boolean LANGUAGE sql IMMUTABLE
-             AS $$ SELECT r ? 'n' $$;
-         GRANT EXECUTE ON FUNCTION public.has_n(jsonb) TO intent_owner;
-         SELECT intent.define_contract('shape', '{\"type\": \"object\"}', 'public.has_n(jsonb)');
-         SELECT intent.define_contract('loose', '{}');
-         SELECT intent.certify_provider('backup', 'shape', '{\"suite\": \"passed\"}');
-         SELECT intent.certify_provider('spare', 'shape', '{\"suite\": \"passed\"}');
-         SELECT intent.revoke_certification('spare', 'shape', 'failed re-test');",
-    )
-    .await
-    .unwrap();
-    // A job in every state, with every kind of attempt and event.
-    submit(&c, "alice", "pending", "gpu", &json!({"p": 1}))
-        .await
-        .unwrap();
-    let running = submit(&c, "alice", "running", "gpu", &json!({}))
-        .await
-        .unwrap();
-    let running_attempt = begin(&c, running.job_id, None, "1 hour").await.unwrap();
-    let unknown = submit(&c, "bob", "unknown", "gpu", &json!({}))
-        .await
-        .unwrap();
-    let u = begin(&c, unknown.job_id, None, "1 hour").await.unwrap();
-    mark_unknown(&c, u.attempt_id, Some("timeout"))
-        .await
-        .unwrap();
-    let won = submit_full(&c, "alice", "won", "gpu", &json!({}), Some("shape"), 5)
-        .await
-        .unwrap();
-    let w1 = begin(&c, won.job_id, None, "1 hour").await.unwrap();
-    assert_eq!(
-        complete(&c, w1.attempt_id, 1, &json!({"x": 1}))
-            .await
-            .unwrap(),
-        "rejected"
-    );
-    let w2 = begin(&c, won.job_id, None, "1 hour").await.unwrap();
-    c.execute(
-        "UPDATE intent.attempts SET deadline = started_at + interval '1 microsecond' WHERE id = $1",
-        &[&w2.attempt_id],
-    )
-    .await
-    .unwrap();
-    assert_eq!(sweep(&c).await.unwrap(), 1);
-    abandon(&c, w2.attempt_id, "reconciler").await.unwrap();
-    let w3 = begin(&c, won.job_id, Some("backup"), "1 hour")
-        .await
-        .unwrap();
-    assert_eq!(
-        complete(&c, w3.attempt_id, 1, &json!({"n": 3}))
-            .await
-            .unwrap(),
-        "won"
-    );
-    assert_eq!(
-        complete(&c, w2.attempt_id, 1, &json!({"n": 2}))
-            .await
-            .unwrap(),
-        "lost"
-    );
-    fail(&c, w2.attempt_id, 1, &json!({"late": true}), true)
-        .await
-        .unwrap();
-    let failed = submit_full(&c, "bob", "failed", "gpu", &json!({}), Some("loose"), 1)
-        .await
-        .unwrap();
-    let f1 = begin(&c, failed.job_id, None, "1 hour").await.unwrap();
-    assert_eq!(
-        fail(&c, f1.attempt_id, 1, &json!({"status": 400}), true)
-            .await
-            .unwrap(),
-        "failed"
-    );
-    let cancelled = submit(&c, "carol", "cancelled", "gpu", &json!({}))
-        .await
-        .unwrap();
-    begin(&c, cancelled.job_id, None, "1 hour").await.unwrap();
-    assert!(
-        cancel(&c, cancelled.job_id, Some("withdrawn"))
-            .await
-            .unwrap()
-    );
-    // A purged job leaves its id and last version in intent.retired_keys.
-    let purged = submit(&c, "dave", "purged", "gpu", &json!({}))
-        .await
-        .unwrap();
-    let purged_attempt = begin(&c, purged.job_id, None, "1 hour").await.unwrap();
-    assert_eq!(
-        complete(&c, purged_attempt.attempt_id, 1, &json!({"n": 1}))
-            .await
-            .unwrap(),
-        "won"
-    );
-    c.execute(
-        "UPDATE intent.jobs SET created_at = created_at - interval '400 days',
-                                updated_at = updated_at - interval '400 days' WHERE id = $1",
-        &[&purged.job_id],
-    )
-    .await
-    .unwrap();
-    let n: i64 = c
-        .query_one("SELECT intent.purge('1 day', 10)", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(n, 1);
-    let states: BTreeSet<String> = c
-        .query("SELECT DISTINCT state::text FROM intent.jobs", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert_eq!(states.len(), 6, "a job in every state: {states:?}");
-    let kinds: BTreeSet<String> = c
-        .query("SELECT DISTINCT kind FROM intent.events", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert_eq!(kinds.len(), 6, "every kind of event: {kinds:?}");
+    let EveryState {
+        running,
+        running_attempt,
+        rejected_attempt: w1,
+    } = fixtures::every_state(&c).await;
     let before = dump::table_rows(&c).await;
 
     let file = cluster.dir().join(format!("{}.dump", db.name));
