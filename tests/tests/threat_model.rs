@@ -1,0 +1,635 @@
+//! The boundaries of docs/security.md, each attacked through PostgreSQL's known escape routes by
+//! a real login role. One test per route; each names the boundary it attacks.
+//!
+//! The tenants here are login roles in `intent_operator`, bound for good with `ALTER ROLE …
+//! SET intent.owner_id`, each owning a schema of its own (where it can plant functions,
+//! operators, tables, triggers, indexes). The victim is another owner's job with a started
+//! attempt: after every attack it must be exactly as it was.
+
+use pg_intent_tests::roles::*;
+use pg_intent_tests::*;
+
+/// A database with a victim (owner "victim": a job with a started attempt) and a tenant bound
+/// to "tenant-a" that owns schema `evil`.
+struct Scene<'c> {
+    db: Db<'c>,
+    su: Client,
+    tenant: String,
+    victim_job: Uuid,
+    victim_attempt: Uuid,
+}
+
+async fn scene(prefix: &str) -> Scene<'static> {
+    let db = Cluster::shared().fresh_db(prefix).await;
+    let su = db.connect().await;
+    let victim = submit(&su, "victim", "precious", "gpu", &json!({}))
+        .await
+        .unwrap();
+    let attempt = begin(&su, victim.job_id, None, "1 hour").await.unwrap();
+    let tenant = create_login_role(&su, "tenant", "IN ROLE intent_operator").await;
+    su.batch_execute(&format!(
+        "ALTER ROLE \"{tenant}\" SET intent.owner_id = 'tenant-a';
+         CREATE SCHEMA evil AUTHORIZATION \"{tenant}\";"
+    ))
+    .await
+    .unwrap();
+    Scene {
+        db,
+        su,
+        tenant,
+        victim_job: victim.job_id,
+        victim_attempt: attempt.attempt_id,
+    }
+}
+
+impl Scene<'_> {
+    async fn tenant(&self) -> Client {
+        connect_role(&self.db, &self.tenant).await
+    }
+
+    /// The victim's rows are exactly as they were: job running, attempt started, no event.
+    async fn victim_untouched(&self, after: &str) {
+        let job = job_row(&self.su, self.victim_job).await;
+        assert_eq!(
+            (job.state.as_str(), job.version, job.result.is_none()),
+            ("running", 1, true),
+            "after {after}: the victim's job changed: {job:?}"
+        );
+        let a = attempt_row(&self.su, self.victim_attempt).await;
+        assert_eq!(a.state, "started", "after {after}: {a:?}");
+        assert!(
+            event_rows(&self.su, self.victim_job).await.is_empty(),
+            "after {after}: events were written for the victim"
+        );
+    }
+}
+
+/// The SQLSTATEs a test's own log table collected.
+async fn logged(c: &Client, table: &str) -> Vec<String> {
+    c.query(&format!("SELECT what FROM {table} ORDER BY n"), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// Boundary: bound tenant ↔ other owners. Route: an `ON DELETE CASCADE` runs its triggers with
+/// row-level security not forced on table owners (SECURITY_NOFORCE_RLS), which pg_intent's
+/// functions, running as the owner of its tables, would inherit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_key_cascade_does_not_lift_owner_isolation() {
+    let s = scene("tm_cascade").await;
+    let t = s.tenant().await;
+    let mine = submit(&t, "tenant-a", "mine", "gpu", &json!({}))
+        .await
+        .unwrap();
+    let my_attempt = begin(&t, mine.job_id, None, "1 hour").await.unwrap();
+    t.batch_execute(&format!(
+        "CREATE TEMP TABLE log (n serial, what text);
+         CREATE TEMP TABLE parent (id int PRIMARY KEY);
+         CREATE TEMP TABLE child (id int REFERENCES parent ON DELETE CASCADE);
+         CREATE FUNCTION pg_temp.attack() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             BEGIN
+                 PERFORM intent.complete_attempt('{victim}', 1, '{{\"stolen\": true}}');
+                 INSERT INTO log (what) VALUES ('complete: done');
+             EXCEPTION WHEN OTHERS THEN INSERT INTO log (what) VALUES ('complete: ' || SQLSTATE);
+             END;
+             BEGIN
+                 PERFORM intent.cancel_job('{victim_job}', 'cascade');
+                 INSERT INTO log (what) VALUES ('cancel: done');
+             EXCEPTION WHEN OTHERS THEN INSERT INTO log (what) VALUES ('cancel: ' || SQLSTATE);
+             END;
+             INSERT INTO log (what) SELECT 'jobs: ' || string_agg(DISTINCT owner_id, ',') FROM intent.jobs;
+             INSERT INTO log (what) SELECT 'reconcile view: ' || count(*) FROM intent.attempts_to_reconcile
+                                     WHERE owner_id <> 'tenant-a';
+             INSERT INTO log (what) SELECT 'by state view: ' || coalesce(sum(jobs), 0) FROM intent.jobs_by_state;
+             -- Its own job, within the cascade, still works.
+             INSERT INTO log (what) SELECT 'own: ' || intent.complete_attempt('{mine}', 1, '{{\"n\": 1}}');
+             RETURN OLD;
+         END $$;
+         CREATE TRIGGER attack BEFORE DELETE ON child FOR EACH ROW EXECUTE FUNCTION pg_temp.attack();
+         INSERT INTO parent VALUES (1); INSERT INTO child VALUES (1);
+         DELETE FROM parent;",
+        victim = s.victim_attempt,
+        victim_job = s.victim_job,
+        mine = my_attempt.attempt_id,
+    ))
+    .await
+    .unwrap_or_else(|e| panic!("{:?}", SqlError::from_error(&e)));
+    assert_eq!(
+        logged(&t, "log").await,
+        [
+            "complete: IJ007",
+            "cancel: IJ007",
+            "jobs: tenant-a",
+            "reconcile view: 0",
+            "by state view: 1",
+            "own: won",
+        ]
+    );
+    s.victim_untouched("a trigger fired by a cascade").await;
+}
+
+/// Boundary: bound tenant ↔ other owners. Route: the caller's search path while the library
+/// loads. Restoring the role's binding must not run SQL that a function planted ahead of
+/// pg_catalog (`substr`, `length`, `unnest`, `=`) could answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planted_functions_cannot_rebind_a_tenant_while_the_library_loads() {
+    let s = scene("tm_load_path").await;
+    submit(&s.su, "tenant-b", "theirs", "gpu", &json!({}))
+        .await
+        .unwrap();
+    let t = s.tenant().await;
+    t.batch_execute(
+        "CREATE FUNCTION evil.substr(text, integer) RETURNS text LANGUAGE sql IMMUTABLE AS $$ SELECT 'tenant-b'::text $$;
+         CREATE FUNCTION evil.substr(text, bigint) RETURNS text LANGUAGE sql IMMUTABLE AS $$ SELECT 'tenant-b'::text $$;
+         CREATE FUNCTION evil.length(text) RETURNS integer LANGUAGE sql IMMUTABLE AS $$ SELECT 0 $$;
+         CREATE FUNCTION evil.unnest(text[]) RETURNS SETOF text LANGUAGE sql IMMUTABLE AS $$ SELECT 'intent.owner_id=tenant-b'::text $$;
+         CREATE FUNCTION evil.texteq(text, text) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$ SELECT true $$;
+         CREATE OPERATOR evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.texteq);
+         CREATE FUNCTION evil.bound_owner() RETURNS text LANGUAGE sql STABLE AS $$ SELECT NULL::text $$;",
+    )
+    .await
+    .unwrap();
+    drop(t);
+    for options in [
+        "-c search_path=evil,pg_catalog -c intent.owner_id=tenant-b",
+        "-c search_path=evil,pg_catalog -c intent.owner_id=",
+        "-c search_path=evil,pg_catalog",
+    ] {
+        // Refusing the login would do as well as keeping the binding.
+        let Ok((c, _)) = connect_role_with(&s.db, &s.tenant, Some(options)).await else {
+            continue;
+        };
+        let bound: Option<String> = c
+            .query_one("SELECT intent.bound_owner()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(bound.as_deref(), Some("tenant-a"), "{options}");
+        let seen: Vec<String> = c
+            .query("SELECT DISTINCT owner_id::text FROM intent.jobs", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert!(
+            seen.is_empty(),
+            "{options}: the policy used the planted bound_owner: {seen:?}"
+        );
+        refusal(cancel(&c, s.victim_job, None).await, "IJ007");
+    }
+    s.victim_untouched("planted functions at library load")
+        .await;
+}
+
+/// Boundary: bound tenant ↔ other owners. Route: code a tenant planted in an index expression
+/// runs, as the tenant, in the session of whoever maintains the table — a DBA's unbound session
+/// — for ANALYZE, REINDEX, VACUUM FULL, CLUSTER, CREATE INDEX and REFRESH MATERIALIZED VIEW.
+/// pg_intent refuses every call made in such a restricted operation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn code_in_index_expressions_cannot_act_through_a_dbas_session() {
+    let s = scene("tm_index").await;
+    let t = s.tenant().await;
+    t.batch_execute(&format!(
+        "CREATE TABLE evil.log (n serial, what text);
+         CREATE FUNCTION evil.note(what text) RETURNS void LANGUAGE sql VOLATILE AS
+             'INSERT INTO evil.log (what) VALUES (what)';
+         -- Declared IMMUTABLE, as an index expression must be; it is not.
+         CREATE FUNCTION evil.steal(x int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS $$
+         BEGIN
+             PERFORM intent.cancel_job('{victim}', 'planted in an index');
+             PERFORM evil.note('cancelled');
+             RETURN x;
+         EXCEPTION WHEN OTHERS THEN
+             PERFORM evil.note(SQLSTATE);
+             RETURN x;
+         END $$;
+         CREATE TABLE evil.t (x int);
+         CREATE INDEX t_steal ON evil.t (evil.steal(x));
+         CREATE MATERIALIZED VIEW evil.mv AS SELECT evil.steal(x) AS y FROM evil.t;
+         INSERT INTO evil.t SELECT g FROM generate_series(1, 3) g;",
+        victim = s.victim_job
+    ))
+    .await
+    .unwrap();
+    // The tenant's own inserts ran it in the tenant's bound session: not found.
+    assert!(logged(&t, "evil.log").await.iter().all(|w| w == "IJ007"));
+    t.batch_execute("TRUNCATE evil.log").await.unwrap();
+    // The DBA's maintenance, in a session that has used pg_intent and is not bound.
+    submit(&s.su, "dba", "warm", "gpu", &json!({}))
+        .await
+        .unwrap();
+    for sql in [
+        "ANALYZE evil.t",
+        "REINDEX TABLE evil.t",
+        "VACUUM FULL evil.t",
+        "CLUSTER evil.t USING t_steal",
+        "CREATE INDEX t_steal_again ON evil.t (evil.steal(x + 1))",
+        "REFRESH MATERIALIZED VIEW evil.mv",
+    ] {
+        s.su.batch_execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {:?}", SqlError::from_error(&e)));
+        s.victim_untouched(sql).await;
+    }
+    let log = logged(&s.su, "evil.log").await;
+    assert!(!log.is_empty(), "the planted function ran");
+    assert!(
+        log.iter().all(|w| w == "42501"),
+        "every call from maintenance was refused: {log:?}"
+    );
+}
+
+/// Boundary: bound tenant ↔ other owners. Route: the tenant's own SECURITY DEFINER functions,
+/// triggers and RLS policies calling pg_intent, and the setting changed every way a session can
+/// change it. The binding is the session's: none of them unbinds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_own_code_and_settings_stay_bound() {
+    let s = scene("tm_own_code").await;
+    let t = s.tenant().await;
+    t.batch_execute(&format!(
+        "CREATE FUNCTION evil.definer() RETURNS text LANGUAGE plpgsql SECURITY DEFINER AS $$
+         BEGIN PERFORM intent.cancel_job('{victim}', 'definer'); RETURN 'done';
+         EXCEPTION WHEN OTHERS THEN RETURN SQLSTATE; END $$;
+         CREATE TABLE evil.rows (x int);
+         CREATE TABLE evil.log (n serial, what text);
+         CREATE FUNCTION evil.trig() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN INSERT INTO evil.log (what) VALUES (evil.definer()); RETURN NEW; END $$;
+         CREATE TRIGGER t AFTER INSERT ON evil.rows FOR EACH ROW EXECUTE FUNCTION evil.trig();
+         ALTER TABLE evil.rows ENABLE ROW LEVEL SECURITY;
+         ALTER TABLE evil.rows FORCE ROW LEVEL SECURITY;
+         CREATE POLICY p ON evil.rows USING (evil.definer() IS NOT NULL) WITH CHECK (evil.definer() = 'IJ007');
+         INSERT INTO evil.rows VALUES (1);
+         INSERT INTO evil.log (what) SELECT evil.definer() FROM evil.rows;",
+        victim = s.victim_job
+    ))
+    .await
+    .unwrap_or_else(|e| panic!("{:?}", SqlError::from_error(&e)));
+    assert_eq!(logged(&t, "evil.log").await, ["IJ007", "IJ007"]);
+    for sql in [
+        "SET intent.owner_id = 'victim'",
+        "SET LOCAL intent.owner_id = 'victim'",
+        "SELECT set_config('intent.owner_id', 'victim', false)",
+        "SELECT set_config('intent.owner_id', '', true)",
+        "RESET intent.owner_id",
+        "SET SESSION AUTHORIZATION DEFAULT",
+        "RESET ALL",
+        "DISCARD ALL",
+        "ALTER ROLE CURRENT_USER SET intent.owner_id = 'victim'",
+    ] {
+        let code = sqlstate_of(&t, sql).await;
+        if [
+            "RESET ALL",
+            "DISCARD ALL",
+            "SET SESSION AUTHORIZATION DEFAULT",
+        ]
+        .contains(&sql)
+        {
+            // Allowed, and they reset to the role's own binding.
+            assert_eq!(code, None, "{sql}");
+        } else {
+            assert_eq!(code.as_deref(), Some("42501"), "{sql}");
+        }
+        let bound: Option<String> = t
+            .query_one("SELECT intent.bound_owner()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(bound.as_deref(), Some("tenant-a"), "after {sql}");
+    }
+    refusal(cancel(&t, s.victim_job, None).await, "IJ007");
+    s.victim_untouched("the tenant's own code").await;
+}
+
+/// Boundary: the shared sql_drop event trigger ↔ every role of the database. Route: it fires on
+/// every DROP, in the dropping role's session and search path. It must work for roles that know
+/// nothing of pg_intent, and nothing they plant may change what it does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drop_guard_works_for_everyone_and_ignores_planted_objects() {
+    let s = scene("tm_drop_guard").await;
+    let nobody = create_login_role(&s.su, "nobody", "").await;
+    s.su.batch_execute(&format!(
+        "CREATE SCHEMA nb AUTHORIZATION \"{nobody}\";
+         CREATE FUNCTION public.checks(r jsonb) RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT true $$;
+         SELECT intent.define_contract('guarded', '{{}}', 'public.checks(jsonb)');"
+    ))
+    .await
+    .unwrap();
+    let c = connect_role(&s.db, &nobody).await;
+    c.batch_execute(
+        "CREATE TEMP TABLE t (); DROP TABLE t;
+         CREATE FUNCTION nb.f() RETURNS int LANGUAGE sql AS 'SELECT 1'; DROP FUNCTION nb.f();
+         -- Operators and casts the trigger's comparisons could pick up under this search path.
+         CREATE FUNCTION nb.oideq(oid, oid) RETURNS boolean LANGUAGE sql IMMUTABLE AS 'SELECT true';
+         CREATE OPERATOR nb.= (LEFTARG = oid, RIGHTARG = oid, FUNCTION = nb.oideq);
+         SET search_path = nb, pg_catalog;
+         CREATE TABLE nb.x (i int); DROP TABLE nb.x;
+         CREATE FUNCTION nb.g() RETURNS int LANGUAGE sql AS 'SELECT 1'; DROP FUNCTION nb.g();",
+    )
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "DROP by a role without pg_intent privileges: {:?}",
+            SqlError::from_error(&e)
+        )
+    });
+    // Each pg_intent role too, and the tenant.
+    for role_opts in [
+        "IN ROLE intent_app",
+        "IN ROLE intent_operator",
+        "IN ROLE intent_admin",
+    ] {
+        let r = create_login_role(&s.su, "dropper", role_opts).await;
+        let c = connect_role(&s.db, &r).await;
+        c.batch_execute("CREATE TEMP TABLE t (); DROP TABLE t;")
+            .await
+            .unwrap_or_else(|e| panic!("{role_opts}: {:?}", SqlError::from_error(&e)));
+    }
+    // The guard still guards, whoever drops, whatever was planted.
+    assert_eq!(
+        sqlstate_of(
+            &s.su,
+            "SET search_path = nb, pg_catalog; DROP FUNCTION public.checks(jsonb)"
+        )
+        .await
+        .as_deref(),
+        Some("2BP01")
+    );
+}
+
+/// Boundary: checker owners ↔ pg_intent. Route: an object replaced by its owner after it was
+/// validated. A checker is vetted once and referenced by oid; its owner may replace its body
+/// with one that writes, changes settings, changes role, or calls pg_intent. It runs as its
+/// owner, restricted, in a subtransaction that is always rolled back: it can do nothing its owner
+/// could not, and nothing it does stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_checker_runs_with_its_owners_rights_and_leaves_nothing() {
+    let s = scene("tm_checker").await;
+    // In intent_app, so that a call of pg_intent from the checker reaches pg_intent's refusal.
+    let owner = create_login_role(&s.su, "checker_owner", "IN ROLE intent_app").await;
+    s.su.batch_execute(&format!(
+        "CREATE SCHEMA co AUTHORIZATION \"{owner}\";
+         SET ROLE \"{owner}\";
+         CREATE TABLE co.loot (what text);
+         CREATE FUNCTION co.check(r jsonb) RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT true $$;
+         RESET ROLE;
+         SELECT intent.define_contract('vetted', '{{\"type\": \"object\"}}', 'co.check(jsonb)');"
+    ))
+    .await
+    .unwrap();
+    let c = connect_role(&s.db, &owner).await;
+    // Each replacement, and what must come of it.
+    let replacements: &[(&str, &str)] = &[
+        (
+            "ALTER TABLE intent.jobs NO FORCE ROW LEVEL SECURITY",
+            "42501",
+        ),
+        (
+            "INSERT INTO co.loot SELECT owner_id FROM intent.jobs",
+            "42501",
+        ),
+        ("SET ROLE postgres", "42501"),
+        ("CREATE TEMP TABLE grab (x int)", "42501"),
+        (
+            "PERFORM intent.cancel_job('VICTIM', 'from a checker')",
+            "42501",
+        ),
+        (
+            "RESET ROLE; ALTER TABLE intent.jobs NO FORCE ROW LEVEL SECURITY",
+            "42501",
+        ),
+    ];
+    for (i, (body, code)) in replacements.iter().enumerate() {
+        let body = body.replace("VICTIM", &s.victim_job.to_string());
+        c.batch_execute(&format!(
+            "CREATE FUNCTION co.volatile_{i}() RETURNS void LANGUAGE plpgsql VOLATILE AS $$ BEGIN {body}; END $$;
+             CREATE OR REPLACE FUNCTION co.check(r jsonb) RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+             BEGIN PERFORM co.volatile_{i}(); RETURN true; END $$;"
+        ))
+        .await
+        .unwrap();
+        let job = submit_full(
+            &s.su,
+            "victim",
+            &format!("checked-{i}"),
+            "gpu",
+            &json!({}),
+            Some("vetted"),
+            3,
+        )
+        .await
+        .unwrap();
+        let a = begin(&s.su, job.job_id, None, "1 hour").await.unwrap();
+        assert_eq!(
+            complete(&s.su, a.attempt_id, 1, &json!({"n": i}))
+                .await
+                .unwrap(),
+            "rejected",
+            "{body}"
+        );
+        let error = attempt_row(&s.su, a.attempt_id).await.error.unwrap();
+        assert!(
+            error.to_string().contains(&format!("raised {code}")),
+            "{body}: {error}"
+        );
+    }
+    // A checker that writes what it may write, and changes settings, then says yes: the result
+    // wins, and none of it is left.
+    c.batch_execute(
+        "CREATE FUNCTION co.busy() RETURNS void LANGUAGE plpgsql VOLATILE AS $$
+         BEGIN
+             INSERT INTO co.loot VALUES ('kept?');
+             PERFORM set_config('work_mem', '1234kB', false);
+             PERFORM set_config('search_path', 'co', false);
+             SET application_name = 'changed by a checker';
+         END $$;
+         CREATE OR REPLACE FUNCTION co.check(r jsonb) RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+         BEGIN PERFORM co.busy(); RETURN true; END $$;",
+    )
+    .await
+    .unwrap();
+    let before: (String, String, String) = {
+        let r = s
+            .su
+            .query_one(
+                "SELECT current_setting('work_mem'), current_setting('search_path'), current_setting('application_name')",
+                &[],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1), r.get(2))
+    };
+    let job = submit_full(
+        &s.su,
+        "victim",
+        "busy",
+        "gpu",
+        &json!({}),
+        Some("vetted"),
+        3,
+    )
+    .await
+    .unwrap();
+    let a = begin(&s.su, job.job_id, None, "1 hour").await.unwrap();
+    assert_eq!(
+        complete(&s.su, a.attempt_id, 1, &json!({})).await.unwrap(),
+        "won"
+    );
+    let after: (String, String, String) = {
+        let r = s
+            .su
+            .query_one(
+                "SELECT current_setting('work_mem'), current_setting('search_path'), current_setting('application_name')",
+                &[],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1), r.get(2))
+    };
+    assert_eq!(before, after, "settings a checker changed do not stay");
+    let loot: i64 =
+        s.su.query_one("SELECT count(*) FROM co.loot", &[])
+            .await
+            .unwrap()
+            .get(0);
+    assert_eq!(loot, 0, "what a checker wrote is rolled back");
+    let forced: bool =
+        s.su.query_one(
+            "SELECT relforcerowsecurity FROM pg_class WHERE oid = 'intent.jobs'::regclass",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(forced);
+    // Made VOLATILE afterwards: refused at the next run.
+    c.batch_execute("ALTER FUNCTION co.check(jsonb) VOLATILE")
+        .await
+        .unwrap();
+    let job = submit_full(
+        &s.su,
+        "victim",
+        "volatile",
+        "gpu",
+        &json!({}),
+        Some("vetted"),
+        3,
+    )
+    .await
+    .unwrap();
+    let a = begin(&s.su, job.job_id, None, "1 hour").await.unwrap();
+    assert_eq!(
+        complete(&s.su, a.attempt_id, 1, &json!({})).await.unwrap(),
+        "rejected"
+    );
+    assert!(
+        attempt_row(&s.su, a.attempt_id)
+            .await
+            .error
+            .unwrap()
+            .to_string()
+            .contains("VOLATILE")
+    );
+    s.victim_untouched("replaced checkers").await;
+}
+
+/// Boundary: checker owners ↔ pg_intent, and the completing session ↔ the checker. Route: the
+/// search path. A checker runs with `pg_catalog, pg_temp` — never the completing session's path,
+/// where anything may be planted — unless it sets its own, which is honoured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checker_runs_with_its_own_search_path_never_the_callers() {
+    let s = scene("tm_checker_path").await;
+    s.su.batch_execute(
+        "CREATE SCHEMA kinds;
+         CREATE TABLE kinds.allowed (kind text);
+         INSERT INTO kinds.allowed VALUES ('cat');
+         CREATE FUNCTION kinds.known(r jsonb) RETURNS boolean LANGUAGE sql STABLE
+             SET search_path = kinds AS $$ SELECT r->>'kind' IN (SELECT kind FROM allowed) $$;
+         CREATE FUNCTION kinds.unqualified(r jsonb) RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+             BEGIN RETURN r->>'kind' IN (SELECT kind FROM allowed); END $$;
+         SELECT intent.define_contract('kinds', '{\"type\": \"object\"}', 'kinds.known(jsonb)');
+         SELECT intent.define_contract('loose-kinds', '{\"type\": \"object\"}', 'kinds.unqualified(jsonb)');",
+    )
+    .await
+    .unwrap();
+    for (contract, expected) in [("kinds", "won"), ("loose-kinds", "rejected")] {
+        for path in ["public", "kinds, public"] {
+            let c = db_client(&s.db, path).await;
+            let key = format!("{contract}-{path}");
+            let job = submit_full(&c, "victim", &key, "gpu", &json!({}), Some(contract), 3)
+                .await
+                .unwrap();
+            let a = begin(&c, job.job_id, None, "1 hour").await.unwrap();
+            assert_eq!(
+                complete(&c, a.attempt_id, 1, &json!({"kind": "cat"}))
+                    .await
+                    .unwrap(),
+                expected,
+                "{contract} with the caller's search_path {path}"
+            );
+            let v: bool = c
+                .query_one(
+                    "SELECT valid FROM intent.validate_result($1, '{\"kind\": \"cat\"}')",
+                    &[&contract],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(
+                v,
+                expected == "won",
+                "validate_result {contract} under {path}"
+            );
+        }
+    }
+}
+
+async fn db_client(db: &Db<'_>, search_path: &str) -> Client {
+    let c = db.connect().await;
+    c.batch_execute(&format!("SET search_path = {search_path}"))
+        .await
+        .unwrap();
+    c
+}
+
+/// Boundary: intent_admin ↔ functions it may not run. Route: naming, as a contract's checker, a
+/// function the admin has no EXECUTE on, so that pg_intent runs it on every result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_cannot_lend_itself_a_function_it_may_not_run() {
+    let s = scene("tm_admin_lend").await;
+    let other = create_login_role(&s.su, "private_owner", "").await;
+    s.su.batch_execute(&format!(
+        "CREATE SCHEMA priv AUTHORIZATION \"{other}\";
+         GRANT USAGE ON SCHEMA priv TO PUBLIC;
+         SET ROLE \"{other}\";
+         CREATE FUNCTION priv.secret(r jsonb) RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT true $$;
+         REVOKE EXECUTE ON FUNCTION priv.secret(jsonb) FROM PUBLIC;
+         RESET ROLE;"
+    ))
+    .await
+    .unwrap();
+    let admin = create_login_role(&s.su, "admin", "IN ROLE intent_admin").await;
+    let c = connect_role(&s.db, &admin).await;
+    let e = expect_error(
+        &c,
+        "SELECT intent.define_contract('lent', '{}', 'priv.secret(jsonb)')",
+        &[],
+    )
+    .await;
+    assert_eq!(e.code, "42501", "{e:?}");
+    s.su.batch_execute(&format!(
+        "GRANT EXECUTE ON FUNCTION priv.secret(jsonb) TO \"{admin}\""
+    ))
+    .await
+    .unwrap();
+    c.query(
+        "SELECT intent.define_contract('lent', '{}', 'priv.secret(jsonb)')",
+        &[],
+    )
+    .await
+    .unwrap();
+}
