@@ -227,3 +227,46 @@ fn refusal_any<T: std::fmt::Debug>(r: Result<T, tokio_postgres::Error>) -> SqlEr
         Err(e) => SqlError::from_error(&e),
     }
 }
+
+/// A REPEATABLE READ (or SERIALIZABLE) transaction whose snapshot predates a heartbeat must not
+/// judge the attempt by the stale deadline. The attempt is in flight (IJ002 is the truth); from
+/// the snapshot its lease looks run out (IJ003 would be wrong). The answer is 40001 (retry:
+/// then IJ002) or IJ002, never IJ003.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_snapshot_never_calls_a_live_attempt_unknown() {
+    let db = Cluster::shared().fresh_db("isolation_stale").await;
+    let c = db.connect().await;
+    let worker = db.connect().await;
+    for level in ["REPEATABLE READ", "SERIALIZABLE"] {
+        let key = format!("stale {level}");
+        let job = submit(&c, "alice", &key, "gpu", &json!({})).await.unwrap();
+        let a = begin(&worker, job.job_id, None, "2 seconds").await.unwrap();
+        c.batch_execute(&format!("BEGIN ISOLATION LEVEL {level}"))
+            .await
+            .unwrap();
+        // The snapshot: the attempt's deadline is 2 seconds after it began.
+        c.query(
+            "SELECT deadline FROM intent.attempts WHERE id = $1",
+            &[&a.attempt_id],
+        )
+        .await
+        .unwrap();
+        // The worker's heartbeat extends the lease by an hour, and commits.
+        assert!(
+            heartbeat(&worker, a.attempt_id, Some("1 hour"))
+                .await
+                .unwrap()
+        );
+        // Past the old deadline, the snapshot's view says the lease ran out.
+        tokio::time::sleep(std::time::Duration::from_millis(2300)).await;
+        let e = refusal_any(begin(&c, job.job_id, None, "1 minute").await);
+        c.batch_execute("ROLLBACK").await.unwrap();
+        assert!(
+            e.code == "40001" || e.code == "IJ002",
+            "{level}: a live attempt was answered {e:?}"
+        );
+        // Retried, with a fresh snapshot: in flight.
+        refusal(begin(&c, job.job_id, None, "1 minute").await, "IJ002");
+        assert_eq!(attempt_row(&c, a.attempt_id).await.state, "started");
+    }
+}

@@ -16,6 +16,8 @@ SELECT attempt_id FROM intent.begin_attempt(intent.job_id('henry', 'target'), NU
 -- A 2 MB params that compresses to a few kB: the limit applies to the detoasted size.
 CREATE TEMP TABLE big AS SELECT jsonb_build_object('x', repeat('x', 2000000)) AS doc;
 SELECT pg_column_size(doc) < 100000 AS stored_compressed FROM big;
+-- Results may be larger (up to 16 MiB): this one is over that limit.
+CREATE TEMP TABLE huge AS SELECT jsonb_build_object('x', repeat('x', 17000000)) AS doc;
 
 -- t.refusals: each call with the SQLSTATE, message and DETAIL it raised.
 CREATE FUNCTION t.refusals(calls text[])
@@ -105,7 +107,7 @@ SELECT * FROM t.refusals(ARRAY[
   $$SELECT intent.complete_attempt(NULL, 1, '{}')$$,
   $$SELECT intent.complete_attempt(intent.attempt_id(intent.job_id('henry', 'target'), 1), NULL, '{}')$$,
   $$SELECT intent.complete_attempt(intent.attempt_id(intent.job_id('henry', 'target'), 1), 1, NULL)$$,
-  $$SELECT intent.complete_attempt(intent.attempt_id(intent.job_id('henry', 'target'), 1), 1, (SELECT doc FROM big))$$,
+  $$SELECT intent.complete_attempt(intent.attempt_id(intent.job_id('henry', 'target'), 1), 1, (SELECT doc FROM huge))$$,
   $$SELECT intent.complete_attempt(intent.attempt_id(intent.job_id('henry', 'target'), 1), 7, '{}')$$,
   $$SELECT intent.complete_attempt(intent.attempt_id(intent.job_id('henry', 'nobody'), 1), 1, NULL)$$,
   $$SELECT intent.fail_attempt(NULL, 1, '{}')$$,

@@ -345,3 +345,57 @@ SELECT valid FROM intent.validate_result('shape', '42');
 ROLLBACK;
 SELECT intent.define_contract('shape', '{"type": "object", "required": ["url"], "minProperties": 2}') AS version;
 SELECT valid, errors FROM intent.validate_result('shape', '42');
+
+-- 17. A contract redefined in the same transaction is validated against its new schema at
+--     once, and against the old one again when redefined back; freezing the rows changes
+--     nothing. (The compiled schema is cached by the schema itself, not by a row version.)
+BEGIN;
+SELECT intent.define_contract('flip', '{"type": "object", "required": ["a"]}') AS version;
+SELECT valid FROM intent.validate_result('flip', '{"b": 1}');
+SELECT intent.define_contract('flip', '{"type": "object", "required": ["b"]}') AS version;
+SELECT valid FROM intent.validate_result('flip', '{"b": 1}');
+SELECT intent.define_contract('flip', '{"type": "object", "required": ["a"]}') AS version;
+SELECT valid FROM intent.validate_result('flip', '{"b": 1}');
+COMMIT;
+VACUUM (FREEZE) intent.contracts;
+SELECT valid FROM intent.validate_result('flip', '{"b": 1}');
+SELECT intent.define_contract('flip', '{"type": "object", "required": ["b"]}') AS version;
+SELECT valid FROM intent.validate_result('flip', '{"b": 1}');
+
+-- 18. Validation checks for interrupts in every subschema (a keyword pg_intent adds before
+--     compiling). It must change no answer: schemas where an added key would matter if it were
+--     put in the wrong place — maps of properties, closed objects, data in enum and const, $ref
+--     into a place of the schema's own choosing, anchors — each with a value that passes and
+--     one that fails.
+CREATE TEMP TABLE semantics (schema jsonb, good jsonb, bad jsonb);
+INSERT INTO semantics VALUES
+  ('{"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": false}',
+   '{"a": 1}', '{"a": 1, "x-pg-intent-interrupt-check": true}'),
+  ('{"type": "object", "properties": {"a": true}, "unevaluatedProperties": false}',
+   '{"a": 1}', '{"b": 1}'),
+  ('{"patternProperties": {"^x": {"type": "string"}}, "additionalProperties": false}',
+   '{"xa": "s"}', '{"y": "s"}'),
+  ('{"dependentRequired": {"a": ["b"]}}', '{"a": 1, "b": 2}', '{"a": 1}'),
+  ('{"dependentSchemas": {"a": {"required": ["c"]}}}', '{"a": 1, "c": 2}', '{"a": 1}'),
+  ('{"enum": [{"k": 1}, {"k": 2}]}', '{"k": 2}', '{"k": 2, "x-pg-intent-interrupt-check": true}'),
+  ('{"const": {"k": {"deep": true}}}', '{"k": {"deep": true}}', '{"k": {"deep": true, "x-pg-intent-interrupt-check": true}}'),
+  ('{"$ref": "#/x-library/positive", "x-library": {"positive": {"type": "integer", "minimum": 1}}}', '3', '0'),
+  ('{"$ref": "#/enum/0", "enum": [{"type": "integer"}, 1]}', '1', '2'),
+  ('{"$defs": {"n": {"$anchor": "num", "type": "number"}}, "items": {"$ref": "#num"}}', '[1, 2.5]', '[1, "x"]'),
+  ('{"prefixItems": [{"type": "string"}], "items": false}', '["a"]', '["a", 1]'),
+  ('{"if": {"properties": {"t": {"const": "a"}}}, "then": {"required": ["x"]}, "else": {"required": ["y"]}}',
+   '{"t": "b", "y": 1}', '{"t": "a", "y": 1}'),
+  ('{"not": {"anyOf": [{"type": "string"}, {"oneOf": [{"type": "integer"}, {"minimum": 5}]}]}}', '7', '3'),
+  ('{"properties": {"enum": {"properties": {"const": {"type": "string"}}}}}',
+   '{"enum": {"const": "s"}}', '{"enum": {"const": 1}}'),
+  ('{"contains": {"type": "null"}, "propertyNames": {"maxLength": 3}}', '[1, null]', '[1]'),
+  ('{"properties": {"a": {"$ref": "#/properties/b"}, "b": {"type": "boolean"}}}', '{"a": true}', '{"a": 1}');
+CREATE FUNCTION pg_temp.judge(s jsonb, good jsonb, bad jsonb, OUT good_is_valid boolean, OUT bad_is_valid boolean)
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM intent.define_contract('semantics', s);
+    good_is_valid := (SELECT valid FROM intent.validate_result('semantics', good));
+    bad_is_valid := (SELECT valid FROM intent.validate_result('semantics', bad));
+END $$;
+SELECT n, (pg_temp.judge(schema, good, bad)).*
+  FROM (SELECT row_number() OVER () AS n, * FROM semantics) s ORDER BY n;
