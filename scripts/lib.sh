@@ -24,9 +24,10 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # Debian packages: the server, its headers (pgrx bindgen, pg_regress, pg_isolation_regress),
 # clang for bindgen, sudo because cargo-pgrx shells out to it, pg_cron for the schedules of
-# docs/scheduling.md (tests/tests/scheduling.rs).
+# docs/scheduling.md (tests/tests/scheduling.rs), valgrind for the memory-checking pass
+# (scripts/valgrind.sh).
 install_packages() {
-  local want=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR postgresql-$PG_MAJOR-cron libclang-dev clang sudo)
+  local want=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR postgresql-$PG_MAJOR-cron libclang-dev clang sudo valgrind)
   local missing=()
   for p in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -4,8 +4,11 @@
 #   1. formatting and lints,
 #   2. the Rust unit tests,
 #   3. the pg_regress and isolation suites against a throwaway cluster,
-#   4. the integration tests (they start and kill clusters of their own),
-#   5. the HTTP gateway's tests.
+#   4. the same suites and a large-value corpus with the server under valgrind memcheck,
+#   5. the integration tests (they start and kill clusters of their own): the protocol,
+#      concurrency, crashes, hostile input, the host-database suite, the threat model,
+#      interrupts, large values, upgrades,
+#   6. the HTTP gateway's tests.
 # Usage: bash scripts/test.sh
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -24,6 +27,9 @@ cargo test -q -p pg_intent_id -p pg_intent_client -p pg_intent_test_provider
 start_cluster
 bash "$ROOT/scripts/regress.sh"
 stop_cluster
+
+log "the memory-checking pass (valgrind memcheck on the server)"
+bash "$ROOT/scripts/valgrind.sh"
 
 log "integration tests (real clusters, real concurrent connections)"
 cargo test -q -p pg_intent_tests -- --test-threads=1
