@@ -563,3 +563,51 @@ async fn savepoints_share_the_statements() {
     );
     assert_eq!(prepared(&db, "intent.submit_job").await, 1);
 }
+
+/// Results of every size, up to several megabytes and with every kind of character JSON
+/// escapes, come back through the client's replay exactly as they were completed.
+#[tokio::test]
+async fn large_results_round_trip_through_a_replay() {
+    let t = TestDb::new().await;
+    let db = t.conn().await;
+    let odd = "\"\\\n\u{1}é🦀 plain";
+    for (i, size) in [
+        10usize,
+        1_500,
+        300 * 1024,
+        3 * 1024 * 1024,
+        12 * 1024 * 1024,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut text = String::with_capacity(size + 4);
+        for c in odd.chars().cycle() {
+            if text.len() >= size {
+                break;
+            }
+            text.push(c);
+        }
+        let result = json!({"blob": text, "n": i, "nested": [{"k": [1.5, null, true]}]});
+        let key = format!("large-{i}");
+        let params = json!({"i": i});
+        let new = NewJob::new("alice", &key, "gpu-a", &params);
+        let s: Submitted<Value> = intent::submit_job(&db, &new).await.unwrap();
+        let a = intent::begin_attempt(&db, s.job_id, BeginOptions::new())
+            .await
+            .unwrap();
+        assert_eq!(
+            intent::complete_attempt(&db, &a, &result).await.unwrap(),
+            Completion::Won,
+            "{size} bytes"
+        );
+        for _ in 0..2 {
+            let replay: Submitted<Value> = intent::submit_job(&db, &new).await.unwrap();
+            assert_eq!(replay.state, JobState::Succeeded);
+            assert!(
+                replay.result.as_ref() == Some(&result),
+                "{size} bytes came back different"
+            );
+        }
+    }
+}

@@ -733,3 +733,56 @@ async fn without_owner_binding_owners_are_still_kept_apart() {
     assert_eq!(gw.get(ALICE, &alices).await.status, 200);
     assert_eq!(gw.get(BOB, &alices).await.status, 404);
 }
+
+/// A provider whose result is as large as the request asks (`result_bytes`), full of characters
+/// JSON escapes.
+async fn large_provider(task: Task) -> Outcome {
+    let n = task.params["result_bytes"].as_u64().unwrap_or(10) as usize;
+    let mut blob = String::with_capacity(n + 4);
+    for c in "\"\\\n\u{1}é🦀 plain".chars().cycle() {
+        if blob.len() >= n {
+            break;
+        }
+        blob.push(c);
+    }
+    Ok(json!({"blob": blob, "attempt_no": task.attempt.attempt_no()}))
+}
+
+/// Stored results of every size, up to several megabytes, come back whole through the
+/// gateway's replays and its Location: the bytes the database holds, as JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_results_replay_whole() {
+    let gw = start(config(), large_provider, true).await;
+    for (i, bytes) in [10u64, 300 * 1024, 3 * 1024 * 1024, 9 * 1024 * 1024]
+        .into_iter()
+        .enumerate()
+    {
+        let key = format!("large-{i}");
+        let body = json!({"result_bytes": bytes});
+        let r = gw.post(ALICE, &key, &body).await;
+        assert_eq!(r.status, 201, "{r:?}");
+        let job = r.job_id();
+        gw.wait_for(job, "succeeded").await;
+        let stored: Value = gw
+            .sql()
+            .await
+            .query_one("SELECT result FROM intent.jobs WHERE id = $1", &[&job])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(stored["blob"].as_str().unwrap().len() as u64 >= bytes);
+        for _ in 0..2 {
+            let r = gw.post(ALICE, &key, &body).await;
+            assert_eq!(r.status, 200, "{bytes} bytes");
+            assert!(
+                r.body["result"] == stored,
+                "{bytes} bytes: the replay differs"
+            );
+        }
+        let shown = gw.get(ALICE, &format!("/jobs/{job}")).await;
+        assert!(
+            shown.body["result"] == stored,
+            "{bytes} bytes: Location differs"
+        );
+    }
+}

@@ -119,6 +119,8 @@ enum Session {
     Bound,
     /// A role with no privilege on the extension.
     Outsider,
+    /// A superuser session with `statement_timeout = '300ms'`.
+    Timeout,
 }
 
 struct Case {
@@ -345,7 +347,45 @@ struct Fixture {
     j1: Begun,
     /// Submits of the fixture's jobs, and what a replay of each answers.
     replays: Vec<(String, String, Value, Option<&'static str>, String)>,
+    /// md5 of the text of the 3 MiB result of job "large".
+    large_md5: String,
 }
+
+/// The fixture's contracts whose checkers misbehave, and what validating `{}` against each
+/// answers ('valid' and what the checker tried to leave behind, which must not stay).
+const MISBEHAVING: &[(&str, &str)] = &[
+    ("checker-raises", "false"),
+    ("checker-null", "false"),
+    ("checker-writes", "true 0"),
+    ("checker-settings", "true 4MB \"$user\", public"),
+    ("checker-calls-pg-intent", "false"),
+    ("checker-made-volatile", "false"),
+];
+
+/// The misbehaving checkers (see [`MISBEHAVING`]) and a schema whose validation doubles with
+/// each of its 34 levels.
+const HOSTILE_CONTRACTS: &str = "
+    CREATE TABLE public.checker_scratch (x int);
+    CREATE FUNCTION public.c_raises(r jsonb) RETURNS boolean LANGUAGE plpgsql STABLE AS
+        $$ BEGIN RAISE EXCEPTION 'no'; END $$;
+    CREATE FUNCTION public.c_null(r jsonb) RETURNS boolean LANGUAGE sql STABLE AS 'SELECT NULL::boolean';
+    CREATE FUNCTION public.scribble() RETURNS void LANGUAGE sql VOLATILE AS
+        'INSERT INTO public.checker_scratch VALUES (1)';
+    CREATE FUNCTION public.c_writes(r jsonb) RETURNS boolean LANGUAGE plpgsql STABLE AS
+        $$ BEGIN PERFORM public.scribble(); RETURN true; END $$;
+    CREATE FUNCTION public.c_settings(r jsonb) RETURNS boolean LANGUAGE plpgsql STABLE AS
+        $$ BEGIN PERFORM set_config('work_mem', '64kB', false); PERFORM set_config('search_path', 'pg_temp', false);
+                 RETURN true; END $$;
+    CREATE FUNCTION public.c_calls(r jsonb) RETURNS boolean LANGUAGE plpgsql STABLE AS
+        $$ BEGIN PERFORM intent.sweep(); RETURN true; END $$;
+    CREATE FUNCTION public.c_volatile(r jsonb) RETURNS boolean LANGUAGE sql STABLE AS 'SELECT true';
+    SELECT intent.define_contract('checker-raises', '{}', 'public.c_raises(jsonb)'),
+           intent.define_contract('checker-null', '{}', 'public.c_null(jsonb)'),
+           intent.define_contract('checker-writes', '{}', 'public.c_writes(jsonb)'),
+           intent.define_contract('checker-settings', '{}', 'public.c_settings(jsonb)'),
+           intent.define_contract('checker-calls-pg-intent', '{}', 'public.c_calls(jsonb)'),
+           intent.define_contract('checker-made-volatile', '{}', 'public.c_volatile(jsonb)');
+    ALTER FUNCTION public.c_volatile(jsonb) VOLATILE;";
 
 impl Fixture {
     async fn build(c: &Client) -> Fixture {
@@ -436,6 +476,41 @@ impl Fixture {
             "rejected"
         );
 
+        // A job whose result is 3 MiB: replays must return it whole, and write nothing.
+        let (large, _) = job("large", 3, None).await;
+        let g1 = begin(c, large, None, "2 hours").await.unwrap();
+        let big = json!({"blob": "b".repeat(3 * MIB), "tail": "\u{1F980}"});
+        assert_eq!(complete(c, g1.attempt_id, 1, &big).await.unwrap(), "won");
+        let large_md5: String = c
+            .query_one(
+                "SELECT md5(result::text) FROM intent.jobs WHERE id = $1",
+                &[&large],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        c.batch_execute(HOSTILE_CONTRACTS)
+            .await
+            .expect("the misbehaving checkers");
+        let doubling = {
+            let mut defs = serde_json::Map::new();
+            for i in 0..34 {
+                let next = format!("#/$defs/d{}", i + 1);
+                defs.insert(
+                    format!("d{i}"),
+                    json!({"anyOf": [{"allOf": [{"$ref": next}, {"type": "string"}]}, {"$ref": next}]}),
+                );
+            }
+            defs.insert("d34".into(), json!({"type": "integer"}));
+            json!({"$defs": defs, "$ref": "#/$defs/d0"})
+        };
+        c.query(
+            "SELECT intent.define_contract('doubling', $1)",
+            &[&doubling],
+        )
+        .await
+        .unwrap();
+
         for (key, id, params, contract) in [
             ("pending", pending, p_params, None),
             ("running", running, r_params, None),
@@ -477,6 +552,7 @@ impl Fixture {
             rejected,
             j1,
             replays,
+            large_md5,
         }
     }
 
@@ -574,7 +650,7 @@ fn wrong_version(rng: &mut Rng) -> i64 {
 // --- the generator -------------------------------------------------------------------------------
 
 fn generate(rng: &mut Rng, fx: &Fixture) -> Case {
-    let r = rng.below(100);
+    let r = rng.below(108);
     match r {
         0..12 => submit_bad_text(rng),
         12..18 => submit_bad_other(rng),
@@ -692,7 +768,92 @@ fn generate(rng: &mut Rng, fx: &Fixture) -> Case {
             c.session = Session::Outsider;
             c
         }
-        _ => postgres_refuses(rng, fx),
+        95..100 => postgres_refuses(rng, fx),
+        100..103 => large_replay(rng, fx),
+        103..106 => checker_misbehaves(rng),
+        _ => {
+            let mut c = doubling_schema(rng);
+            c.session = Session::Timeout;
+            c
+        }
+    }
+}
+
+/// A replay of the job whose result is 3 MiB, one by one or repeated in a batch: the whole
+/// result comes back (its md5 checked), nothing is written.
+fn large_replay(rng: &mut Rng, fx: &Fixture) -> Case {
+    const ONE: &str = "SELECT md5(result::text) FROM intent.submit_job('fx', 'large', $1, $2)";
+    const BATCH: &str = "SELECT CASE WHEN count(*) = count(*) FILTER (WHERE md5(result::text) = $3)
+                                THEN $3 ELSE 'different' END
+                           FROM intent.submit_jobs(array_fill('fx'::text, ARRAY[$4::int]),
+                                                   array_fill('large'::text, ARRAY[$4::int]),
+                                                   array_fill($1::text, ARRAY[$4::int]),
+                                                   array_fill($2::jsonb, ARRAY[$4::int]))";
+    let params = json!({"key": "large", "prompt": "a cat"});
+    if rng.percent(50) {
+        case(
+            "large_replay",
+            "submit_job replay of a 3 MiB result",
+            ONE,
+            vec![text(PROVIDER), jsonb(params)],
+            row(&fx.large_md5),
+        )
+    } else {
+        let n = rng.between(1, 6) as i32;
+        case(
+            "large_replay",
+            format!("submit_jobs replay of a 3 MiB result, {n} times in one batch"),
+            BATCH,
+            vec![
+                text(PROVIDER),
+                jsonb(params),
+                text(fx.large_md5.clone()),
+                int(n),
+            ],
+            row(&fx.large_md5),
+        )
+    }
+}
+
+/// Validation against contracts whose checkers raise, return NULL, write, change settings, call
+/// pg_intent, or were made VOLATILE after they were vetted: each answers as documented, and
+/// nothing it did stays (its write is rolled back, the settings are the session's own).
+fn checker_misbehaves(rng: &mut Rng) -> Case {
+    const VALIDATE: &str = "SELECT CASE $1
+                   WHEN 'checker-writes' THEN v.valid || ' ' || (SELECT count(*) FROM public.checker_scratch)
+                   WHEN 'checker-settings' THEN v.valid || ' ' || current_setting('work_mem') || ' '
+                                                || current_setting('search_path')
+                   ELSE v.valid::text END
+              FROM intent.validate_result($1, '{}') v";
+    let (contract, answer) = *rng.pick(MISBEHAVING);
+    case(
+        "checker_misbehaves",
+        format!("validate against {contract}"),
+        VALIDATE,
+        vec![text(contract)],
+        row(answer),
+    )
+}
+
+/// A schema whose validation doubles with each level, in a session with a 300 ms
+/// statement_timeout: stopped (57014), nothing written, the job's lock released.
+fn doubling_schema(rng: &mut Rng) -> Case {
+    if rng.percent(50) {
+        case(
+            "doubling_schema",
+            "validate_result against a schema of 2^34 steps",
+            "SELECT valid::text FROM intent.validate_result('doubling', '1')",
+            vec![],
+            Expect::Code("57014"),
+        )
+    } else {
+        case(
+            "doubling_schema",
+            "validate_result of a random integer against a schema of 2^34 steps",
+            "SELECT valid::text FROM intent.validate_result('doubling', to_jsonb($1::int))",
+            vec![int(rng.between(0, 1000) as i32)],
+            Expect::Code("57014"),
+        )
     }
 }
 
@@ -1678,6 +1839,11 @@ async fn thousands_of_bad_calls_get_their_documented_answer_and_change_nothing()
         });
         client
     };
+    let timeout = db.connect().await;
+    timeout
+        .batch_execute("SET statement_timeout = '300ms'")
+        .await
+        .unwrap();
     let watch = CrashWatch::start(cluster, &db.name).await;
     let tables = TableDigest::new(&main).await;
     let before = tables.take(&main).await;
@@ -1685,6 +1851,7 @@ async fn thousands_of_bad_calls_get_their_documented_answer_and_change_nothing()
         backend_pid(&main).await,
         backend_pid(&bound).await,
         backend_pid(&outsider).await,
+        backend_pid(&timeout).await,
     ];
 
     let v = Violations::new();
@@ -1697,6 +1864,7 @@ async fn thousands_of_bad_calls_get_their_documented_answer_and_change_nothing()
             Session::Main => &main,
             Session::Bound => &bound,
             Session::Outsider => &outsider,
+            Session::Timeout => &timeout,
         };
         let params: Vec<&(dyn ToSql + Sync)> = c
             .params
@@ -1771,6 +1939,7 @@ async fn thousands_of_bad_calls_get_their_documented_answer_and_change_nothing()
             Session::Main => pids[0],
             Session::Bound => pids[1],
             Session::Outsider => pids[2],
+            Session::Timeout => pids[3],
         };
         v.check(pid == expected_pid && started == watch.start_time(), || {
             format!(
@@ -1780,7 +1949,12 @@ async fn thousands_of_bad_calls_get_their_documented_answer_and_change_nothing()
             )
         });
         if n % 200 == 199 {
-            for (client, pid) in [(&main, pids[0]), (&bound, pids[1]), (&outsider, pids[2])] {
+            for (client, pid) in [
+                (&main, pids[0]),
+                (&bound, pids[1]),
+                (&outsider, pids[2]),
+                (&timeout, pids[3]),
+            ] {
                 v.check(backend_pid(client).await == pid, || {
                     format!("#{n}: a backend was replaced")
                 });
