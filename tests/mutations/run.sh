@@ -45,6 +45,8 @@ reliability_second_winner.sql storm
 reliability_arbiter_on_key_only.sql storm
 reliability_unlogged_tables.sql crash
 reliability_noop_that_writes.sql hostile_input
+threat_views_owner_rights.sql threat_model
+threat_drop_guard_as_caller.sql threat_model
 LIST
 )
 if [ $# -gt 0 ]; then
