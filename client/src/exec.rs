@@ -119,7 +119,11 @@ impl Call {
             Call::DefineContract => "SELECT intent.define_contract($1, $2, $3::regprocedure)",
             Call::CertifyProvider => "SELECT intent.certify_provider($1, $2, $3, $4)",
             Call::RevokeCertification => "SELECT intent.revoke_certification($1, $2, $3)",
-            Call::BindOwner => "SELECT pg_catalog.set_config('intent.owner_id', $1, true)",
+            // intent.bound_owner() first: it loads pg_intent's library, so that the setting is
+            // pg_intent's own (which RESET ALL leaves alone) and not a placeholder for it.
+            Call::BindOwner => {
+                "SELECT intent.bound_owner() IS NULL, pg_catalog.set_config('intent.owner_id', $1, true)"
+            }
             Call::ValidateResult => "SELECT valid, errors FROM intent.validate_result($1, $2)",
         }
     }
