@@ -22,6 +22,18 @@ use std::collections::{HashMap, HashSet};
 /// The most intents one call accepts.
 const MAX_BATCH: usize = 10_000;
 
+/// The most bytes of stored results one call returns (detoasted, each job's counted once): the
+/// results are held in the call's memory until its rows are returned, and a batch of replays of
+/// 16 MiB results must not exhaust the server's. Intents past it are refused (54000).
+const MAX_BATCH_RESULT_BYTES: usize = 64 * 1024 * 1024;
+
+/// The results a batch has copied so far: one copy per job, and how many bytes in all.
+#[derive(Default)]
+struct Results {
+    by_job: HashMap<Uuid, Jsonb>,
+    bytes: usize,
+}
+
 /// The existing jobs of a set of keys, with each intent's fingerprint compared in SQL.
 static FIND_JOBS: Statement = Statement {
     slot: 40,
@@ -180,11 +192,12 @@ fn submit_jobs(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
         // Round 1 answers replays; the insert creates the first occurrence of each new key;
         // later rounds answer repeated keys and keys a concurrent caller inserted first.
         let mut pending = items;
+        let mut results = Results::default();
         for _ in 0..4 {
             if pending.is_empty() {
                 break;
             }
-            find(client, &pending, &mut answers);
+            find(client, &pending, &mut answers, &mut results);
             pending.retain(|item| answers[item.ord].is_none());
             if pending.is_empty() {
                 break;
@@ -260,7 +273,12 @@ fn refuse_undefined_contracts(
 }
 
 /// Answers every pending intent whose key has a job: a replay, or IJ001.
-fn find(client: &mut SpiClient<'_>, pending: &[Item], answers: &mut [Option<Answer<Outcome>>]) {
+fn find(
+    client: &mut SpiClient<'_>,
+    pending: &[Item],
+    answers: &mut [Option<Answer<Outcome>>],
+    results: &mut Results,
+) {
     let last = pending
         .iter()
         .map(|i| i.ord as i64)
@@ -302,13 +320,42 @@ fn find(client: &mut SpiClient<'_>, pending: &[Item], answers: &mut [Option<Answ
         }
         let lapsed = get_bool(9);
         let state: String = row.get(6).ok().flatten().expect("state is NOT NULL");
+        // Copied into the call's memory (SPI's is gone when the rows are returned), once per
+        // job, within the batch's budget.
+        let result = match results.by_job.get(&item.job_id) {
+            Some(copy) => Some(*copy),
+            None => match row.get::<CallJsonb>(8).ok().flatten() {
+                None => None,
+                Some(CallJsonb(copy)) => {
+                    let size = copy.raw_size();
+                    if results.bytes + size > MAX_BATCH_RESULT_BYTES {
+                        // SAFETY: the copy was just made, in the call's memory, and is not used.
+                        unsafe {
+                            pg_sys::pfree(copy.into_datum().expect("a datum").cast_mut_ptr())
+                        };
+                        answers[ord] = Some(Err(Refusal::program_limit(format!(
+                            "the results of this batch exceed {} MiB",
+                            MAX_BATCH_RESULT_BYTES >> 20
+                        ))
+                        .detail(format!(
+                            "Job {} has a result of {size} bytes, and the batch's results already take {} bytes.",
+                            item.job_id, results.bytes
+                        ))
+                        .hint("Submit the intents that got this answer again, in smaller batches or with intent.submit_job().")));
+                        continue;
+                    }
+                    results.bytes += size;
+                    results.by_job.insert(item.job_id, copy);
+                    Some(copy)
+                }
+            },
+        };
         answers[ord] = Some(Ok(Outcome {
             job_id: Some(item.job_id),
             created: false,
             state: if lapsed { "unknown".into() } else { state },
             version: row.get(7).ok().flatten().expect("version is NOT NULL"),
-            // Copied into the call's memory: SPI's is gone when the rows are returned.
-            result: row.get::<CallJsonb>(8).ok().flatten().map(|r| r.0),
+            result,
         }));
     }
 }

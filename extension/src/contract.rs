@@ -33,10 +33,15 @@ static CONTRACT: Statement = Statement {
     args: &[pg_sys::TEXTOID],
 };
 
-/// Whether the role calling define_contract may execute the checker it names.
-static CALLER_MAY_EXECUTE: Statement = Statement {
+/// Whether the role calling define_contract may execute the checker it names, and has the
+/// rights of the checker's owner (the checker runs as its owner: naming it must not lend the
+/// definer, nor every caller of validate_result, rights the definer does not have).
+static CALLER_MAY_USE: Statement = Statement {
     slot: 22,
-    sql: "SELECT has_function_privilege($2, $1, 'EXECUTE')",
+    sql: "SELECT has_function_privilege($2, p.oid, 'EXECUTE'),
+                 pg_has_role($2, p.proowner, 'USAGE'),
+                 p.proowner::regrole::text
+            FROM pg_catalog.pg_proc p WHERE p.oid = $1",
     args: &[pg_sys::OIDOID, pg_sys::OIDOID],
 };
 
@@ -151,10 +156,13 @@ impl Violation {
 }
 
 /// Validates a result: schema first, then the checker. None when the contract does not exist.
+/// `owner` is the owner of the job the result is for: the checker's reads are bound to it (to
+/// the caller's binding when there is no job, and to no owner when the caller is unbound).
 pub fn validate(
     client: &mut SpiClient<'_>,
     name: &str,
     result: Jsonb,
+    owner: Option<&str>,
 ) -> Option<Result<(), Violation>> {
     let row = plans::first(plans::run(client, &CONTRACT, &[name.into()]))?;
     let version: i32 = plans::must(&row, 1);
@@ -181,8 +189,12 @@ pub fn validate(
     if !errors.is_empty() {
         return Some(Err(Violation { version, errors }));
     }
+    let pin = owner
+        .map(str::to_string)
+        .or_else(crate::owner::bound_owner)
+        .unwrap_or_default();
     if let Some(checker) = checker
-        && let Err(complaint) = crate::checker::run(checker, result)
+        && let Err(complaint) = crate::owner::pinned(&pin, || crate::checker::run(checker, result))
     {
         return Some(Err(Violation {
             version,
@@ -348,10 +360,10 @@ fn check_checker(client: &mut SpiClient<'_>, oid: pg_sys::Oid) -> Answer<()> {
     let caller = unsafe { pg_sys::GetOuterUserId() };
     let row = plans::first(plans::run(
         client,
-        &CALLER_MAY_EXECUTE,
+        &CALLER_MAY_USE,
         &[oid.into(), caller.into()],
     ))
-    .expect("SELECT returns a row");
+    .expect("the function was just described");
     if !plans::must::<bool>(&row, 1) {
         return Err(Refusal::insufficient_privilege(format!(
             "permission denied to use {signature} as a checker"
@@ -360,6 +372,16 @@ fn check_checker(client: &mut SpiClient<'_>, oid: pg_sys::Oid) -> Answer<()> {
         .hint(format!(
             "GRANT EXECUTE ON FUNCTION {signature} to the role that defines the contract."
         )));
+    }
+    if !plans::must::<bool>(&row, 2) {
+        let owner: String = plans::must(&row, 3);
+        return Err(Refusal::insufficient_privilege(format!(
+            "permission denied to use {signature} as a checker"
+        ))
+        .detail(format!(
+            "A checker runs as its owner, {owner}, and the role defining the contract does not have {owner}'s rights."
+        ))
+        .hint("Define the contract as a member of the checker's owner, or use a checker owned by the defining role."));
     }
     Ok(())
 }
@@ -470,7 +492,7 @@ fn validate_result_entry(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Dat
 fn validate_result(contract: Option<&str>, result: Option<Jsonb>) -> Answer<(bool, Value)> {
     let contract = input::name("contract", contract)?;
     let result = input::result(result)?;
-    Spi::connect_mut(|client| match validate(client, contract, result) {
+    Spi::connect_mut(|client| match validate(client, contract, result, None) {
         None => Err(undefined(contract)),
         Some(Ok(())) => Ok((true, json!([]))),
         Some(Err(v)) => Ok((false, Value::Array(v.errors))),

@@ -179,7 +179,8 @@ fn complete(
             attempt.state.as_str()
         };
         if let Some(name) = &job.contract
-            && let Some(Err(violation)) = contract::validate(client, name, result)
+            && let Some(Err(violation)) =
+                contract::validate(client, name, result, Some(&job.owner_id))
         {
             reject(client, &job, &attempt, name, &violation, result);
             return Ok("rejected");

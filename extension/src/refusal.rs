@@ -83,6 +83,11 @@ impl Refusal {
         Self::new("42501", message)
     }
 
+    /// `54000` program_limit_exceeded: a call would need more than pg_intent allows itself.
+    pub fn program_limit(message: impl Into<String>) -> Self {
+        Self::new("54000", message)
+    }
+
     /// `40001` serialization_failure: the caller should retry the transaction.
     pub fn serialization_failure(message: impl Into<String>) -> Self {
         Self::new("40001", message)
