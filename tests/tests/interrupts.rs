@@ -22,6 +22,21 @@ fn doubling_schema(levels: usize) -> Value {
     json!({"$defs": defs, "$ref": "#/$defs/d0"})
 }
 
+/// The same doubling, with the definitions under an unknown keyword and reached by `$id` URIs
+/// rather than `#/` fragments.
+fn doubling_schema_by_id(levels: usize) -> Value {
+    let mut defs = serde_json::Map::new();
+    for i in 0..levels {
+        let next = format!("urn:doubling#/x/d{}", i + 1);
+        defs.insert(
+            format!("d{i}"),
+            json!({"anyOf": [{"allOf": [{"$ref": next}, {"type": "string"}]}, {"$ref": next}]}),
+        );
+    }
+    defs.insert(format!("d{levels}"), json!({"type": "integer"}));
+    json!({"$id": "urn:doubling", "x": defs, "$ref": "urn:doubling#/x/d0"})
+}
+
 /// How long a statement that must be interrupted may take past its timeout (a loaded machine).
 const SLACK: Duration = Duration::from_secs(5);
 
@@ -82,13 +97,21 @@ async fn validation_stops_on_statement_timeout_and_cancel() {
     c.query("SELECT intent.define_contract('doubling', $1)", &[&schema])
         .await
         .unwrap();
-    times_out(
-        &c,
-        "SELECT * FROM intent.validate_result('doubling', '1')",
-        &[],
-        Duration::from_secs(1),
+    c.query(
+        "SELECT intent.define_contract('doubling-by-id', $1)",
+        &[&doubling_schema_by_id(34)],
     )
-    .await;
+    .await
+    .unwrap();
+    for contract in ["doubling", "doubling-by-id"] {
+        times_out(
+            &c,
+            "SELECT * FROM intent.validate_result($1, '1')",
+            &[&contract],
+            Duration::from_secs(1),
+        )
+        .await;
+    }
     // complete_attempt holds the job's row lock while it validates: the timeout frees it.
     let job = submit_full(&c, "alice", "k", "gpu", &json!({}), Some("doubling"), 3)
         .await

@@ -224,3 +224,69 @@ async fn params_of_every_size_come_back_byte_for_byte() {
         same_bytes(&format!("{class}: intent.jobs.params"), &text, r.get(0));
     }
 }
+
+/// A batch holds the results it returns in memory until its rows go out: each job's result is
+/// copied once, however often the batch repeats its key, and past 64 MiB of results the
+/// remaining intents are refused (54000) instead of exhausting the server's memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_large_replays_is_bounded() {
+    let db = Cluster::shared().fresh_db("large_batch").await;
+    let c = db.connect().await;
+    // Compressible, so that storing them is quick; 15 MiB each once detoasted.
+    let big = |i: usize| json!({"v": format!("{i}").repeat(15 * MIB)});
+    for i in 0..6 {
+        let job = submit(&c, "alice", &format!("b{i}"), "gpu", &json!({}))
+            .await
+            .unwrap();
+        let a = begin(&c, job.job_id, None, "1 hour").await.unwrap();
+        assert_eq!(complete(&c, a.attempt_id, 1, &big(i)).await.unwrap(), "won");
+    }
+    let batch = |keys: Vec<String>| {
+        let n = keys.len();
+        (
+            vec!["alice".to_string(); n],
+            keys,
+            vec!["gpu".to_string(); n],
+            vec![json!({}); n],
+        )
+    };
+    // One key twenty times: one copy, every row answered.
+    let (o, k, p, pa) = batch(vec!["b0".to_string(); 20]);
+    let rows = c
+        .query(
+            "SELECT sqlstate, md5(result::text) FROM intent.submit_jobs($1, $2, $3, $4) ORDER BY ordinality",
+            &[&o, &k, &p, &pa],
+        )
+        .await
+        .unwrap();
+    let expected: String = c
+        .query_one("SELECT md5($1::jsonb::text)", &[&big(0)])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows.len(), 20);
+    for r in &rows {
+        assert_eq!(r.get::<_, Option<String>>(0), None);
+        assert_eq!(
+            r.get::<_, Option<String>>(1).as_deref(),
+            Some(expected.as_str())
+        );
+    }
+    // Six keys of 15 MiB each: four fit in 64 MiB, the others are refused.
+    let (o, k, p, pa) = batch((0..6).map(|i| format!("b{i}")).collect());
+    let rows = c
+        .query(
+            "SELECT sqlstate, result IS NOT NULL FROM intent.submit_jobs($1, $2, $3, $4) ORDER BY ordinality",
+            &[&o, &k, &p, &pa],
+        )
+        .await
+        .unwrap();
+    let answered = rows.iter().filter(|r| r.get::<_, bool>(1)).count();
+    let refused: Vec<Option<String>> = rows
+        .iter()
+        .filter(|r| !r.get::<_, bool>(1))
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(answered, 4, "{refused:?}");
+    assert_eq!(refused, vec![Some("54000".to_string()); 2]);
+}

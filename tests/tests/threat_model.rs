@@ -621,15 +621,272 @@ async fn an_admin_cannot_lend_itself_a_function_it_may_not_run() {
     )
     .await;
     assert_eq!(e.code, "42501", "{e:?}");
+    // EXECUTE is not enough: the checker would run as private_owner, with rights (its table)
+    // the admin does not have, and every caller of validate_result would get an oracle.
     s.su.batch_execute(&format!(
-        "GRANT EXECUTE ON FUNCTION priv.secret(jsonb) TO \"{admin}\""
+        "GRANT EXECUTE ON FUNCTION priv.secret(jsonb) TO \"{admin}\";
+         SET ROLE \"{other}\";
+         CREATE TABLE priv.cards (email text, card text);
+         INSERT INTO priv.cards VALUES ('vip@example.com', '4111');
+         CREATE FUNCTION priv.known(j jsonb) RETURNS boolean LANGUAGE sql STABLE AS
+             $$ SELECT EXISTS (SELECT 1 FROM priv.cards WHERE card LIKE (j->>'prefix') || '%') $$;
+         RESET ROLE;"
     ))
     .await
     .unwrap();
+    for checker in ["priv.secret(jsonb)", "priv.known(jsonb)"] {
+        let e = expect_error(
+            &c,
+            &format!("SELECT intent.define_contract('lent', '{{}}', '{checker}')"),
+            &[],
+        )
+        .await;
+        assert_eq!(e.code, "42501", "{checker}: {e:?}");
+        assert!(e.detail().contains("runs as its owner"), "{e:?}");
+    }
+    // A member of the owner's role may.
+    s.su.batch_execute(&format!("GRANT \"{other}\" TO \"{admin}\""))
+        .await
+        .unwrap();
     c.query(
-        "SELECT intent.define_contract('lent', '{}', 'priv.secret(jsonb)')",
+        "SELECT intent.define_contract('lent', '{}', 'priv.known(jsonb)')",
         &[],
     )
     .await
     .unwrap();
+}
+
+/// Boundary: bound tenant ↔ other owners. Route: a role binding written with another case
+/// (`ALTER ROLE … SET "INTENT.owner_id" = …`, which PostgreSQL applies at login, comparing names
+/// without case) displaced through the startup packet: it must bind all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_written_in_another_case_binds_too() {
+    let s = scene("tm_binding_case").await;
+    let role = create_login_role(&s.su, "cased", "IN ROLE intent_operator").await;
+    // Written by a session that has not loaded the library, so it is stored as typed.
+    let fresh = s.db.connect().await;
+    fresh
+        .batch_execute(&format!(
+            "ALTER ROLE \"{role}\" SET \"INTENT.owner_id\" = 'tenant-c'"
+        ))
+        .await
+        .unwrap();
+    let stored: String = s
+        .su
+        .query_one(
+            "SELECT array_to_string(setconfig, ',') FROM pg_db_role_setting WHERE setrole = $1::text::regrole",
+            &[&role],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        stored.starts_with("INTENT.owner_id="),
+        "stored as typed: {stored}"
+    );
+    for options in ["-c intent.owner_id=", "-c intent.owner_id=victim"] {
+        let Ok((c, _)) = connect_role_with(&s.db, &role, Some(options)).await else {
+            continue;
+        };
+        let bound: Option<String> = c
+            .query_one("SELECT intent.bound_owner()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(bound.as_deref(), Some("tenant-c"), "{options}");
+        refusal(cancel(&c, s.victim_job, None).await, "IJ007");
+    }
+    s.victim_untouched("a binding written in another case")
+        .await;
+}
+
+/// Boundary: bound tenant ↔ other owners. Route: the library's first load happening in parallel
+/// mode — in the leader, under a Gather (a parallel-restricted function reading pg_intent's
+/// tables), or in a parallel worker in the middle of a query — where PostgreSQL refuses to put
+/// the role's binding back as the setting. The binding must hold all the same, in the worker
+/// too, and after the query.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_load_in_parallel_mode_keeps_the_binding() {
+    let s = scene("tm_parallel_load").await;
+    submit(&s.su, "tenant-b", "theirs", "gpu", &json!({"secret": 1}))
+        .await
+        .unwrap();
+    s.su.batch_execute(
+        "CREATE TABLE public.spread AS SELECT g FROM generate_series(1, 20000) g;
+         GRANT SELECT ON public.spread TO PUBLIC;
+         CREATE FUNCTION public.peek() RETURNS bigint LANGUAGE plpgsql STABLE PARALLEL SAFE AS
+             $$ BEGIN RETURN (SELECT count(*) FROM intent.jobs); END $$;",
+    )
+    .await
+    .unwrap();
+    let parallel = "SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0;
+                    SET min_parallel_table_scan_size = 0; SET max_parallel_workers_per_gather = 2;";
+    // In the leader, under a Gather: table_to_xml is parallel restricted.
+    let t = s.tenant().await;
+    t.batch_execute(parallel).await.unwrap();
+    let xml: String = t
+        .query_one(
+            "SELECT table_to_xml('intent.jobs', true, false, '')::text
+               FROM (SELECT g FROM public.spread LIMIT 1) s",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        !xml.contains("tenant-b"),
+        "the first load under a Gather saw another owner: {xml}"
+    );
+    for sql in [
+        "SELECT count(*) FROM intent.jobs",
+        "SELECT count(*) FROM intent.jobs WHERE owner_id = 'tenant-b'",
+    ] {
+        let n: i64 = t.query_one(sql, &[]).await.unwrap().get(0);
+        assert_eq!(n, 0, "{sql}");
+    }
+    refusal(cancel(&t, s.victim_job, None).await, "IJ007");
+    // In workers: the leader never loaded the library; each worker loads it mid-query.
+    let t = s.tenant().await;
+    t.batch_execute(parallel).await.unwrap();
+    t.batch_execute(
+        "SELECT set_config(name, 'on', false) FROM pg_settings
+          WHERE name IN ('force_parallel_mode', 'debug_parallel_query')",
+    )
+    .await
+    .unwrap();
+    let seen: i64 = t
+        .query_one("SELECT max(public.peek()) FROM public.spread", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        seen, 0,
+        "a worker that loaded the library saw other owners' jobs"
+    );
+    let bound: Option<String> = t
+        .query_one("SELECT intent.bound_owner()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(bound.as_deref(), Some("tenant-a"));
+    s.victim_untouched("a first load in parallel mode").await;
+}
+
+/// Boundary: bound tenant ↔ other owners. Route: `RESET ALL` (any role may run it, from any
+/// code) inside a trusted gateway's transaction bound with `SET LOCAL`, from a tenant's trigger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_all_cannot_unbind_a_gateways_transaction() {
+    let s = scene("tm_reset_all").await;
+    let gateway = create_login_role(&s.su, "gateway", "IN ROLE intent_app").await;
+    s.su.batch_execute(&format!(
+        "GRANT SET ON PARAMETER intent.owner_id TO \"{gateway}\""
+    ))
+    .await
+    .unwrap();
+    let t = s.tenant().await;
+    t.batch_execute(&format!(
+        "CREATE TABLE evil.inbox (x int);
+         GRANT INSERT ON evil.inbox TO \"{gateway}\";
+         GRANT USAGE ON SCHEMA evil TO \"{gateway}\";
+         CREATE FUNCTION evil.inbox_trigger() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+             SET search_path = pg_catalog AS $$
+         BEGIN
+             RESET ALL;
+             PERFORM intent.cancel_job('{victim}', 'reset all');
+             RETURN NEW;
+         EXCEPTION WHEN OTHERS THEN RETURN NEW;
+         END $$;
+         CREATE TRIGGER t BEFORE INSERT ON evil.inbox FOR EACH ROW EXECUTE FUNCTION evil.inbox_trigger();",
+        victim = s.victim_job
+    ))
+    .await
+    .unwrap();
+    // The gateway loads pg_intent before it binds (pg_intent_client::bind_owner does): before
+    // the library is loaded the setting is only a placeholder, which RESET ALL clears
+    // (docs/security.md, known limits).
+    let g = connect_role(&s.db, &gateway).await;
+    g.query_one("SELECT intent.bound_owner()", &[])
+        .await
+        .unwrap();
+    g.batch_execute(
+        "BEGIN; SET LOCAL intent.owner_id = 'tenant-a'; INSERT INTO evil.inbox VALUES (1)",
+    )
+    .await
+    .unwrap();
+    let bound: Option<String> = g
+        .query_one("SELECT intent.bound_owner()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        bound.as_deref(),
+        Some("tenant-a"),
+        "RESET ALL unbound the request"
+    );
+    refusal(cancel(&g, s.victim_job, None).await, "IJ007");
+    g.batch_execute("COMMIT").await.unwrap();
+    s.victim_untouched("RESET ALL in a gateway's transaction")
+        .await;
+}
+
+/// Boundary: checker owners ↔ other owners. Route: a checker reads pg_intent's tables as its
+/// owner, in the completing session — an unbound worker's, or a gateway's bound one where the
+/// checker runs `RESET ALL`. It sees the rows of the job's owner only (nothing at all when
+/// validate_result is called by an unbound session).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checker_sees_only_the_rows_of_the_jobs_owner() {
+    let s = scene("tm_checker_rows").await;
+    submit(&s.su, "tenant-b", "theirs", "gpu", &json!({"secret": 1}))
+        .await
+        .unwrap();
+    let t = s.tenant().await;
+    t.batch_execute(
+        "CREATE FUNCTION evil.reset() RETURNS void LANGUAGE sql VOLATILE AS 'RESET ALL';
+         CREATE FUNCTION evil.sees(r jsonb) RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+         BEGIN
+             PERFORM evil.reset();
+             RETURN (SELECT count(*) = 0 FROM intent.jobs WHERE owner_id NOT IN ('tenant-a'))
+                AND (SELECT count(*) = 0 FROM intent.events WHERE owner_id <> 'tenant-a');
+         END $$;",
+    )
+    .await
+    .unwrap();
+    s.su.batch_execute(&format!(
+        "GRANT \"{}\" TO CURRENT_USER;
+         SELECT intent.define_contract('sees', '{{}}', 'evil.sees(jsonb)');",
+        s.tenant
+    ))
+    .await
+    .unwrap();
+    // The tenant's own job, completed by an unbound worker: the checker sees tenant-a only.
+    let job = submit_full(
+        &s.su,
+        "tenant-a",
+        "checked",
+        "gpu",
+        &json!({}),
+        Some("sees"),
+        3,
+    )
+    .await
+    .unwrap();
+    let a = begin(&s.su, job.job_id, None, "1 hour").await.unwrap();
+    assert_eq!(
+        complete(&s.su, a.attempt_id, 1, &json!({})).await.unwrap(),
+        "won"
+    );
+    // validate_result from an unbound session: the checker sees no owner at all.
+    let app = create_login_role(&s.su, "app", "IN ROLE intent_operator").await;
+    let c = connect_role(&s.db, &app).await;
+    let valid: bool = c
+        .query_one(
+            "SELECT valid FROM intent.validate_result('sees', '{}')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(valid);
+    s.victim_untouched("a checker reading pg_intent's tables")
+        .await;
 }

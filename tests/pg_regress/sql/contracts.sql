@@ -389,7 +389,15 @@ INSERT INTO semantics VALUES
   ('{"properties": {"enum": {"properties": {"const": {"type": "string"}}}}}',
    '{"enum": {"const": "s"}}', '{"enum": {"const": 1}}'),
   ('{"contains": {"type": "null"}, "propertyNames": {"maxLength": 3}}', '[1, null]', '[1]'),
-  ('{"properties": {"a": {"$ref": "#/properties/b"}, "b": {"type": "boolean"}}}', '{"a": true}', '{"a": 1}');
+  ('{"properties": {"a": {"$ref": "#/properties/b"}, "b": {"type": "boolean"}}}', '{"a": true}', '{"a": 1}'),
+  -- $ref to a map of names, which is then a schema whose keywords are the names.
+  ('{"properties": {"a": {"type": "string"}}, "additionalProperties": false, "$defs": {"p": {"$ref": "#/properties"}}}',
+   '{"a": "s"}', '{"x-pg-intent-interrupt-check": 123}'),
+  ('{"patternProperties": {"^a": {"type": "string"}}, "additionalProperties": false, "$defs": {"p": {"$ref": "#/patternProperties"}}}',
+   '{"ab": "s"}', '{"x-pg-intent-interrupt-check": 1}'),
+  ('{"dependentRequired": {"a": ["b"]}, "$defs": {"r": {"$ref": "#/dependentRequired"}}}', '{"a": 1, "b": 2}', '{"a": 1}'),
+  -- $ref by $id into an unknown keyword.
+  ('{"$id": "urn:k", "x": {"n": {"type": "integer", "maximum": 3}}, "$ref": "urn:k#/x/n"}', '2', '4');
 CREATE FUNCTION pg_temp.judge(s jsonb, good jsonb, bad jsonb, OUT good_is_valid boolean, OUT bad_is_valid boolean)
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
