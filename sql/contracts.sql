@@ -13,8 +13,11 @@ CREATE TABLE intent.contracts (
     version        integer       NOT NULL DEFAULT 1,
     created_at     timestamptz   NOT NULL DEFAULT now(),
     updated_at     timestamptz   NOT NULL DEFAULT now(),
+    checker_owner  regrole,
+    defined_by     regrole,
 
     CONSTRAINT contracts_pkey PRIMARY KEY (name),
+    CONSTRAINT contracts_checker_has_owner CHECK ((checker IS NULL) = (checker_owner IS NULL)),
     CONSTRAINT contracts_schema_is_object CHECK (jsonb_typeof(output_schema) IN ('object', 'boolean')),
     CONSTRAINT contracts_version_positive CHECK (version >= 1)
 );
@@ -29,6 +32,10 @@ COMMENT ON COLUMN intent.contracts.version IS
     'Bumped whenever the schema or the checker changes. Certifications count only for the version they were earned on.';
 COMMENT ON COLUMN intent.contracts.created_at IS 'When the contract was first defined.';
 COMMENT ON COLUMN intent.contracts.updated_at IS 'When the schema or checker last changed.';
+COMMENT ON COLUMN intent.contracts.checker_owner IS
+    'The role that owned the checker when the contract was defined; the checker runs as it. A result is rejected if the checker has changed owner since: redefine the contract.';
+COMMENT ON COLUMN intent.contracts.defined_by IS
+    'The role that defined the contract (NULL: before 0.2.0). It had EXECUTE on the checker and the rights of its owner; a result is rejected once it no longer has them.';
 
 CREATE TABLE intent.certifications (
     id                bigint       GENERATED ALWAYS AS IDENTITY,
@@ -66,6 +73,7 @@ COMMENT ON INDEX intent.certifications_provider_contract IS 'Finds the certifica
 COMMENT ON CONSTRAINT contracts_pkey ON intent.contracts IS 'One contract per name.';
 COMMENT ON CONSTRAINT contracts_schema_is_object ON intent.contracts IS 'A JSON Schema is an object or a boolean.';
 COMMENT ON CONSTRAINT contracts_version_positive ON intent.contracts IS 'Versions start at 1.';
+COMMENT ON CONSTRAINT contracts_checker_has_owner ON intent.contracts IS 'A checker is recorded with the role it runs as.';
 COMMENT ON CONSTRAINT certifications_pkey ON intent.certifications IS 'Orders certifications; the newest of a pair counts.';
 COMMENT ON CONSTRAINT certifications_contract_fkey ON intent.certifications IS 'A certification is for a defined contract.';
 COMMENT ON CONSTRAINT certifications_expires_after_certified ON intent.certifications IS 'A certification expires after it is recorded.';

@@ -6,9 +6,12 @@
 -- as the role that owns the checker function, never with the extension's rights: see
 -- extension/src/checker.rs and docs/security.md.
 
+-- SECURITY INVOKER on purpose, unlike the other calls: it must know who calls it (the defining
+-- role must have the rights of the checker's owner), which a SECURITY DEFINER function cannot
+-- tell. It switches to intent_owner itself, after reading its caller.
 CREATE FUNCTION intent.define_contract(name text, output_schema jsonb, checker regprocedure DEFAULT NULL)
 RETURNS integer
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'intent_define_contract';
 COMMENT ON FUNCTION intent.define_contract(text, jsonb, regprocedure) IS
     'Defines a contract (JSON Schema draft 2020-12, optional STABLE checker (jsonb) -> boolean) and returns its version. Redefining it with another schema or checker bumps the version, and certifications earned on the old version stop counting; the same definition again changes nothing.';

@@ -5,7 +5,9 @@
 --   * contract checkers run as their owner, in Rust; the PL/pgSQL runner is gone;
 --   * the sql_drop guard runs as intent_owner, so any role may DROP its own objects;
 --   * the views read with the reader's rights (security_invoker);
---   * pg_read_all_data may call intent.bound_owner(), which the policies call (backups).
+--   * pg_read_all_data may call intent.bound_owner(), which the policies call (backups);
+--   * contracts record the role their checker runs as and the role that defined them;
+--   * define_contract reads its caller (SECURITY INVOKER; it switches to intent_owner itself).
 
 \echo Use "ALTER EXTENSION pg_intent UPDATE TO '0.2.0'" to load this file. \quit
 
@@ -45,3 +47,23 @@ ALTER VIEW intent.lost_races SET (security_invoker = true);
 ALTER VIEW intent.certifications_expiring SET (security_invoker = true);
 
 GRANT EXECUTE ON FUNCTION intent.bound_owner() TO pg_read_all_data;
+
+-- A contract records the role its checker runs as, and who defined it. Contracts of 0.1.0 were
+-- vetted by the rules of 0.1.0: their checker's current owner is recorded, their definer is
+-- unknown (NULL), and results are judged as before, by the checker running as its owner.
+ALTER TABLE intent.contracts
+    ADD COLUMN checker_owner regrole,
+    ADD COLUMN defined_by regrole;
+UPDATE intent.contracts c
+   SET checker_owner = (SELECT p.proowner FROM pg_catalog.pg_proc p
+                         WHERE p.oid OPERATOR(pg_catalog.=) c.checker::pg_catalog.oid)::pg_catalog.regrole
+ WHERE c.checker IS NOT NULL;
+ALTER TABLE intent.contracts
+    ADD CONSTRAINT contracts_checker_has_owner CHECK ((checker IS NULL) = (checker_owner IS NULL));
+COMMENT ON COLUMN intent.contracts.checker_owner IS
+    'The role that owned the checker when the contract was defined; the checker runs as it. A result is rejected if the checker has changed owner since: redefine the contract.';
+COMMENT ON COLUMN intent.contracts.defined_by IS
+    'The role that defined the contract (NULL: before 0.2.0). It had EXECUTE on the checker and the rights of its owner; a result is rejected once it no longer has them.';
+COMMENT ON CONSTRAINT contracts_checker_has_owner ON intent.contracts IS 'A checker is recorded with the role it runs as.';
+
+ALTER FUNCTION intent.define_contract(text, jsonb, regprocedure) SECURITY INVOKER;

@@ -22,12 +22,17 @@ use std::collections::{HashMap, HashSet};
 /// The most intents one call accepts.
 const MAX_BATCH: usize = 10_000;
 
-/// The most bytes of stored results one call returns (detoasted, each job's counted once): the
-/// results are held in the call's memory until its rows are returned, and a batch of replays of
-/// 16 MiB results must not exhaust the server's. Intents past it are refused (54000).
+/// The most bytes of stored results one call returns (detoasted, counted for every row that
+/// returns one): they are held in the call's memory and in the rows it returns, and a batch of
+/// replays of 16 MiB results must not exhaust the server's memory or disk. Intents past it, in
+/// batch order, are refused (54000).
 const MAX_BATCH_RESULT_BYTES: usize = 64 * 1024 * 1024;
 
-/// The results a batch has copied so far: one copy per job, and how many bytes in all.
+/// The most bytes of params one call takes (detoasted, all intents together): each round of the
+/// call passes them to the database again. A call over it is refused whole (54000).
+const MAX_BATCH_PARAMS_BYTES: usize = 64 * 1024 * 1024;
+
+/// The results a batch has copied so far (one copy per job), and the bytes its rows return.
 #[derive(Default)]
 struct Results {
     by_job: HashMap<Uuid, Jsonb>,
@@ -51,7 +56,8 @@ static FIND_JOBS: Statement = Statement {
                         AND a.deadline <= statement_timestamp())
             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::text[], $7::int8[])
                  AS u(id, o, k, p, pa, c, i)
-            JOIN intent.jobs j ON j.id = u.id",
+            JOIN intent.jobs j ON j.id = u.id
+           ORDER BY u.i",
     args: &[
         pg_sys::UUIDARRAYOID,
         pg_sys::TEXTARRAYOID,
@@ -151,6 +157,15 @@ fn submit_jobs(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
                 .detail(format!("The call has {n}."))
                 .hint("Split the batch."),
         );
+    }
+    let params_bytes: usize = params.iter().flatten().map(|p| p.raw_size()).sum();
+    if params_bytes > MAX_BATCH_PARAMS_BYTES {
+        return Err(Refusal::program_limit(format!(
+            "the params of one submit_jobs call may take at most {} MiB",
+            MAX_BATCH_PARAMS_BYTES >> 20
+        ))
+        .detail(format!("The call's params take {params_bytes} bytes."))
+        .hint("Split the batch."));
     }
 
     // Per intent: its answer, or a refusal, exactly as submit_job would check its input.
@@ -321,35 +336,34 @@ fn find(
         let lapsed = get_bool(9);
         let state: String = row.get(6).ok().flatten().expect("state is NOT NULL");
         // Copied into the call's memory (SPI's is gone when the rows are returned), once per
-        // job, within the batch's budget.
+        // job; every row that returns it counts against the batch's budget.
         let result = match results.by_job.get(&item.job_id) {
             Some(copy) => Some(*copy),
-            None => match row.get::<CallJsonb>(8).ok().flatten() {
-                None => None,
-                Some(CallJsonb(copy)) => {
-                    let size = copy.raw_size();
-                    if results.bytes + size > MAX_BATCH_RESULT_BYTES {
-                        // SAFETY: the copy was just made, in the call's memory, and is not used.
-                        unsafe {
-                            pg_sys::pfree(copy.into_datum().expect("a datum").cast_mut_ptr())
-                        };
-                        answers[ord] = Some(Err(Refusal::program_limit(format!(
-                            "the results of this batch exceed {} MiB",
-                            MAX_BATCH_RESULT_BYTES >> 20
-                        ))
-                        .detail(format!(
-                            "Job {} has a result of {size} bytes, and the batch's results already take {} bytes.",
-                            item.job_id, results.bytes
-                        ))
-                        .hint("Submit the intents that got this answer again, in smaller batches or with intent.submit_job().")));
-                        continue;
-                    }
-                    results.bytes += size;
+            None => row
+                .get::<CallJsonb>(8)
+                .ok()
+                .flatten()
+                .map(|CallJsonb(copy)| {
                     results.by_job.insert(item.job_id, copy);
-                    Some(copy)
-                }
-            },
+                    copy
+                }),
         };
+        if let Some(result) = result {
+            let size = result.raw_size();
+            if results.bytes + size > MAX_BATCH_RESULT_BYTES {
+                answers[ord] = Some(Err(Refusal::program_limit(format!(
+                    "the results of this batch exceed {} MiB",
+                    MAX_BATCH_RESULT_BYTES >> 20
+                ))
+                .detail(format!(
+                    "Job {} has a result of {size} bytes, and the batch's rows before it return {} bytes.",
+                    item.job_id, results.bytes
+                ))
+                .hint("Submit the intents that got this answer again, in smaller batches or with intent.submit_job().")));
+                continue;
+            }
+            results.bytes += size;
+        }
         answers[ord] = Some(Ok(Outcome {
             job_id: Some(item.job_id),
             created: false,

@@ -95,11 +95,31 @@ pub fn may_execute(role: pg_sys::Oid, oid: pg_sys::Oid) -> bool {
 }
 
 /// Runs the checker on `result`: `Ok` when it returned true, else why the result is rejected.
-pub fn run(oid: pg_sys::Oid, result: Jsonb) -> Result<(), String> {
+/// `owner` is the role that owned the checker when the contract was defined, `definer` the
+/// role that defined it (None: a contract from before 0.2.0, vetted by the rules of then).
+pub fn run(
+    oid: pg_sys::Oid,
+    owner: Option<pg_sys::Oid>,
+    definer: Option<pg_sys::Oid>,
+    result: Jsonb,
+) -> Result<(), String> {
     let Some(checker) = describe(oid) else {
         return Err(format!("checker function {oid} no longer exists"));
     };
     let name = &checker.signature;
+    if owner.is_some_and(|o| o != checker.owner) {
+        return Err(format!(
+            "checker {name} has changed owner since the contract was defined: redefine the contract"
+        ));
+    }
+    // SAFETY: a role-membership check by oids.
+    if let Some(definer) = definer
+        && !unsafe { pg_sys::has_privs_of_role(definer, checker.owner) }
+    {
+        return Err(format!(
+            "the role that defined the contract no longer has the rights of the owner of checker {name}: redefine the contract"
+        ));
+    }
     if !checker.fits {
         return Err(format!(
             "checker {name} no longer takes (jsonb) and returns boolean"

@@ -29,9 +29,38 @@ const MAX_ERRORS: usize = 20;
 /// validator is cached per backend, keyed by the schema itself (see [`validator`]).
 static CONTRACT: Statement = Statement {
     slot: 19,
-    sql: "SELECT version, checker::oid, output_schema FROM intent.contracts WHERE name = $1",
+    sql: "SELECT version, checker::oid, output_schema, checker_owner::oid, defined_by::oid
+            FROM intent.contracts WHERE name = $1",
     args: &[pg_sys::TEXTOID],
 };
+
+/// [`CONTRACT`] on the catalog of 0.1.0 (see [`catalog_records_definers`]).
+static CONTRACT_0_1: Statement = Statement {
+    slot: 43,
+    sql: "SELECT version, checker::oid, output_schema, NULL::oid, NULL::oid
+            FROM intent.contracts WHERE name = $1",
+    args: &[pg_sys::TEXTOID],
+};
+
+/// Whether `intent.contracts` records checker owners and definers (0.2.0 on). The library may
+/// be newer than the catalog between installing a new release and `ALTER EXTENSION pg_intent
+/// UPDATE`; meanwhile contracts work as the older catalog allows.
+fn catalog_records_definers() -> bool {
+    // SAFETY: syscache lookups by name.
+    unsafe {
+        let ns = pg_sys::get_namespace_oid(c"intent".as_ptr(), false);
+        let rel = pg_sys::get_relname_relid(c"contracts".as_ptr(), ns);
+        rel != pg_sys::InvalidOid && pg_sys::get_attnum(rel, c"defined_by".as_ptr()) > 0
+    }
+}
+
+fn contract_statement() -> &'static Statement {
+    if catalog_records_definers() {
+        &CONTRACT
+    } else {
+        &CONTRACT_0_1
+    }
+}
 
 /// Whether the role calling define_contract may execute the checker it names, and has the
 /// rights of the checker's owner (the checker runs as its owner: naming it must not lend the
@@ -48,6 +77,29 @@ static CALLER_MAY_USE: Statement = Statement {
 /// Defines a contract, or redefines it (version + 1) when the schema or checker changed.
 static UPSERT_CONTRACT: Statement = Statement {
     slot: 23,
+    sql: "INSERT INTO intent.contracts AS c (name, output_schema, checker, created_at, updated_at,
+                                              checker_owner, defined_by)
+          VALUES ($1, $2, $3::regprocedure, statement_timestamp(), statement_timestamp(),
+                  $4::regrole, $5::regrole)
+          ON CONFLICT (name) DO UPDATE
+             SET output_schema = excluded.output_schema, checker = excluded.checker,
+                 checker_owner = excluded.checker_owner, defined_by = excluded.defined_by,
+                 version = c.version + 1, updated_at = statement_timestamp()
+           WHERE c.output_schema IS DISTINCT FROM excluded.output_schema
+              OR c.checker IS DISTINCT FROM excluded.checker
+          RETURNING version",
+    args: &[
+        pg_sys::TEXTOID,
+        pg_sys::JSONBOID,
+        pg_sys::OIDOID,
+        pg_sys::OIDOID,
+        pg_sys::OIDOID,
+    ],
+};
+
+/// [`UPSERT_CONTRACT`] on the catalog of 0.1.0 (see [`catalog_records_definers`]).
+static UPSERT_CONTRACT_0_1: Statement = Statement {
+    slot: 44,
     sql: "INSERT INTO intent.contracts AS c (name, output_schema, checker, created_at, updated_at)
           VALUES ($1, $2, $3::regprocedure, statement_timestamp(), statement_timestamp())
           ON CONFLICT (name) DO UPDATE
@@ -115,27 +167,27 @@ thread_local! {
         RefCell::new(HashMap::new());
 }
 
-fn validator(name: &str, schema: Jsonb) -> Rc<jsonschema::Validator> {
+/// The compiled schema of a contract; Err when the stored schema does not compile (any more: a
+/// contract defined by an earlier release may use what this one refuses, such as a pattern that
+/// needs backtracking or a `$ref` off the schema positions).
+fn validator(name: &str, schema: Jsonb) -> Result<Rc<jsonschema::Validator>, String> {
     let bytes = schema.bytes();
     if let Some(v) = VALIDATORS.with_borrow(|m| {
         m.get(name)
             .filter(|(cached, _)| *cached == bytes)
             .map(|(_, v)| v.clone())
     }) {
-        return v;
+        return Ok(v);
     }
-    // A stored schema compiled when it was defined; failing now means the crate changed its mind.
-    let compiled = Rc::new(
-        schema
-            .to_value()
-            .and_then(|v| crate::schema::compile(&v))
-            .unwrap_or_else(|e| {
-                panic!("pg_intent: the stored schema of contract {name} no longer compiles: {e}")
-            }),
-    );
+    let compiled = Rc::new(schema.to_value().and_then(|v| crate::schema::compile(&v))?);
     VALIDATORS.with_borrow_mut(|m| m.insert(name.to_string(), (bytes, compiled.clone())));
-    compiled
+    Ok(compiled)
 }
+
+/// How many schema positions collecting the errors of one invalid result may visit: enough for
+/// every ordinary schema and result; a schema whose errors multiply with its nesting would
+/// otherwise take gigabytes to list them.
+const ERROR_VISITS: usize = 200_000;
 
 /// Why a result breaks a contract.
 pub struct Violation {
@@ -156,18 +208,27 @@ impl Violation {
 }
 
 /// Validates a result: schema first, then the checker. None when the contract does not exist.
-/// `owner` is the owner of the job the result is for: the checker's reads are bound to it (to
-/// the caller's binding when there is no job, and to no owner when the caller is unbound).
 pub fn validate(
     client: &mut SpiClient<'_>,
     name: &str,
     result: Jsonb,
-    owner: Option<&str>,
 ) -> Option<Result<(), Violation>> {
-    let row = plans::first(plans::run(client, &CONTRACT, &[name.into()]))?;
+    let row = plans::first(plans::run(client, contract_statement(), &[name.into()]))?;
     let version: i32 = plans::must(&row, 1);
     let checker: Option<pg_sys::Oid> = plans::get(&row, 2);
-    let validator = validator(name, plans::must::<CallJsonb>(&row, 3).0);
+    let checker_owner: Option<pg_sys::Oid> = plans::get(&row, 4);
+    let defined_by: Option<pg_sys::Oid> = plans::get(&row, 5);
+    let validator = match validator(name, plans::must::<CallJsonb>(&row, 3).0) {
+        Ok(v) => v,
+        Err(e) => {
+            return Some(Err(Violation {
+                version,
+                errors: vec![json!({"path": "", "message": format!(
+                    "the contract's schema cannot be used by this version of pg_intent ({e}): redefine the contract"
+                )})],
+            }));
+        }
+    };
     let value = match result.to_value() {
         Ok(value) => value,
         // A result that cannot be read cannot be shown to satisfy the contract.
@@ -178,23 +239,27 @@ pub fn validate(
             }));
         }
     };
-    let errors: Vec<Value> = validator
-        .iter_errors(&value)
-        .take(MAX_ERRORS)
-        .map(|e| {
-            pgrx::check_for_interrupts!();
-            json!({"path": e.instance_path().to_string(), "message": e.to_string()})
+    // is_valid stops at the first failure and allocates nothing; only an invalid result has its
+    // errors collected, within a budget.
+    if !validator.is_valid(&value) {
+        let errors = crate::schema::with_error_budget(ERROR_VISITS, || {
+            validator
+                .iter_errors(&value)
+                .take(MAX_ERRORS)
+                .map(|e| json!({"path": e.instance_path().to_string(), "message": e.to_string()}))
+                .collect::<Vec<Value>>()
         })
-        .collect();
-    if !errors.is_empty() {
+        .filter(|errors| !errors.is_empty())
+        .unwrap_or_else(|| {
+            vec![json!({"path": "", "message": "the result does not satisfy the schema (its errors were too many to list)"})]
+        });
         return Some(Err(Violation { version, errors }));
     }
-    let pin = owner
-        .map(str::to_string)
-        .or_else(crate::owner::bound_owner)
-        .unwrap_or_default();
+    // A checker sees no owner's rows: it judges the result it is given, nothing else.
     if let Some(checker) = checker
-        && let Err(complaint) = crate::owner::pinned(&pin, || crate::checker::run(checker, result))
+        && let Err(complaint) = crate::owner::pinned("", || {
+            crate::checker::run(checker, checker_owner, defined_by, result)
+        })
     {
         return Some(Err(Violation {
             version,
@@ -212,7 +277,7 @@ pub fn undefined(name: &str) -> Refusal {
 
 /// The current version of a contract, or the `22023` refusal for an undefined one.
 pub fn current_version(client: &mut SpiClient<'_>, name: &str) -> Answer<i32> {
-    let row = plans::first(plans::run(client, &CONTRACT, &[name.into()]))
+    let row = plans::first(plans::run(client, contract_statement(), &[name.into()]))
         .ok_or_else(|| undefined(name))?;
     Ok(plans::must(&row, 1))
 }
@@ -285,8 +350,24 @@ crate::entry::sql_function!(
 );
 
 /// `intent.define_contract(name, output_schema, checker)` → the contract's version.
+///
+/// SECURITY INVOKER, unlike the other calls: it reads who called it (the defining role must
+/// have the rights of the checker's owner), then does its work as the function's owner.
 fn define_contract(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
-    let version = define(arg(fcinfo, 0), arg(fcinfo, 1), arg(fcinfo, 2))?;
+    // SAFETY: reads the current user, which for this SECURITY INVOKER function is the caller.
+    // Declared SECURITY DEFINER (the 0.1.0 catalog, before ALTER EXTENSION UPDATE), the current
+    // user is the function's owner: the role the session acts as is the best there is.
+    let caller = unsafe {
+        let user = pg_sys::GetUserId();
+        if user == crate::entry::function_owner(fcinfo) {
+            pg_sys::GetOuterUserId()
+        } else {
+            user
+        }
+    };
+    let version = crate::entry::as_function_owner(fcinfo, || {
+        define(arg(fcinfo, 0), arg(fcinfo, 1), arg(fcinfo, 2), caller)
+    })?;
     Ok(value(fcinfo, Some(version)))
 }
 
@@ -294,28 +375,51 @@ fn define(
     name: Option<&str>,
     output_schema: Option<Jsonb>,
     checker: Option<pg_sys::Oid>,
+    caller: pg_sys::Oid,
 ) -> Answer<i32> {
     let name = input::name("name", name)?;
     let schema = input::document("output_schema", output_schema)?;
-    if let Err(e) = schema.to_value().and_then(|v| {
-        crate::schema::check_valid(&v)?;
-        crate::schema::compile(&v).map(|_| ())
-    }) {
+    let value = schema.to_value().map_err(|e| {
+        Refusal::bad_input("output_schema is not a valid JSON Schema (draft 2020-12)").detail(e)
+    })?;
+    if let Err(e) = crate::schema::check_valid(&value) {
         return Err(
             Refusal::bad_input("output_schema is not a valid JSON Schema (draft 2020-12)")
                 .detail(e)
                 .hint("Validate the schema against the draft 2020-12 meta-schema."),
         );
     }
+    if let Err(e) = crate::schema::compile(&value) {
+        return Err(
+            Refusal::bad_input("output_schema is a JSON Schema pg_intent cannot validate with")
+                .detail(e)
+                .hint("Keep every $ref on a schema (put shared definitions in $defs), $id URIs absolute, and patterns free of back-references and look-around, so that validation stays bounded."),
+        );
+    }
     Spi::connect_mut(|client| {
-        if let Some(oid) = checker {
-            check_checker(client, oid)?;
-        }
-        let inserted = plans::first(plans::run(
-            client,
-            &UPSERT_CONTRACT,
-            &[name.into(), schema.into(), checker.into()],
-        ));
+        let checker_owner = match checker {
+            Some(oid) => Some(check_checker(client, oid, caller)?),
+            None => None,
+        };
+        let inserted = plans::first(if catalog_records_definers() {
+            plans::run(
+                client,
+                &UPSERT_CONTRACT,
+                &[
+                    name.into(),
+                    schema.into(),
+                    checker.into(),
+                    checker_owner.into(),
+                    caller.into(),
+                ],
+            )
+        } else {
+            plans::run(
+                client,
+                &UPSERT_CONTRACT_0_1,
+                &[name.into(), schema.into(), checker.into()],
+            )
+        });
         match inserted {
             Some(row) => Ok(plans::must(&row, 1)),
             // Unchanged definition: keep the version, and the certifications earned on it.
@@ -327,7 +431,11 @@ fn define(
 /// Refuses (22023) a checker that is not a STABLE or IMMUTABLE `(jsonb) → boolean` function,
 /// that its owner cannot execute (it runs as its owner), or that the calling role could not
 /// execute itself (a contract must not lend anyone a function they may not run).
-fn check_checker(client: &mut SpiClient<'_>, oid: pg_sys::Oid) -> Answer<()> {
+fn check_checker(
+    client: &mut SpiClient<'_>,
+    oid: pg_sys::Oid,
+    caller: pg_sys::Oid,
+) -> Answer<pg_sys::Oid> {
     let Some(c) = crate::checker::describe(oid) else {
         return Err(Refusal::bad_input(format!(
             "checker function {oid} does not exist"
@@ -356,8 +464,6 @@ fn check_checker(client: &mut SpiClient<'_>, oid: pg_sys::Oid) -> Answer<()> {
             "GRANT EXECUTE ON FUNCTION {signature} to its owner."
         )));
     }
-    // SAFETY: reads the role the session acts as (outside any SECURITY DEFINER function).
-    let caller = unsafe { pg_sys::GetOuterUserId() };
     let row = plans::first(plans::run(
         client,
         &CALLER_MAY_USE,
@@ -383,7 +489,7 @@ fn check_checker(client: &mut SpiClient<'_>, oid: pg_sys::Oid) -> Answer<()> {
         ))
         .hint("Define the contract as a member of the checker's owner, or use a checker owned by the defining role."));
     }
-    Ok(())
+    Ok(c.owner)
 }
 
 crate::entry::sql_function!(
@@ -492,7 +598,7 @@ fn validate_result_entry(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Dat
 fn validate_result(contract: Option<&str>, result: Option<Jsonb>) -> Answer<(bool, Value)> {
     let contract = input::name("contract", contract)?;
     let result = input::result(result)?;
-    Spi::connect_mut(|client| match validate(client, contract, result, None) {
+    Spi::connect_mut(|client| match validate(client, contract, result) {
         None => Err(undefined(contract)),
         Some(Ok(())) => Ok((true, json!([]))),
         Some(Err(v)) => Ok((false, Value::Array(v.errors))),

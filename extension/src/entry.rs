@@ -150,6 +150,50 @@ fn security_context() -> Option<(pg_sys::Oid, c_int)> {
     Some((user, context))
 }
 
+/// Runs `f` as the owner of the function being called, the way PostgreSQL runs a SECURITY
+/// DEFINER function (for the one call that must first read who called it, `define_contract`).
+pub fn as_function_owner<R>(fcinfo: pg_sys::FunctionCallInfo, f: impl FnOnce() -> R) -> R {
+    struct Restore(pg_sys::Oid, c_int);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // SAFETY: puts back what was read below.
+            unsafe { pg_sys::SetUserIdAndSecContext(self.0, self.1) };
+        }
+    }
+    let owner = function_owner(fcinfo);
+    let mut user = pg_sys::InvalidOid;
+    let mut context = 0;
+    // SAFETY: the switch a SECURITY DEFINER function makes.
+    unsafe {
+        pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
+        pg_sys::SetUserIdAndSecContext(
+            owner,
+            context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as c_int,
+        );
+    }
+    let _restore = Restore(user, context);
+    f()
+}
+
+/// The owner of the function being called.
+pub fn function_owner(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Oid {
+    // SAFETY: the function's own pg_proc row, by the oid of the call's own flinfo.
+    unsafe {
+        let oid = (*(*fcinfo).flinfo).fn_oid;
+        let tuple = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::PROCOID as i32,
+            pg_sys::Datum::from(oid),
+        );
+        assert!(
+            !tuple.is_null(),
+            "pg_intent: cache lookup failed for function {oid:?}"
+        );
+        let owner = (*(pg_sys::GETSTRUCT(tuple) as *const pg_sys::FormData_pg_proc)).proowner;
+        pg_sys::ReleaseSysCache(tuple);
+        owner
+    }
+}
+
 /// `pg_catalog` only, for as long as it lives (popped on unwinding too).
 pub(crate) struct PinnedSearchPath;
 

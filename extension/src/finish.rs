@@ -179,8 +179,7 @@ fn complete(
             attempt.state.as_str()
         };
         if let Some(name) = &job.contract
-            && let Some(Err(violation)) =
-                contract::validate(client, name, result, Some(&job.owner_id))
+            && let Some(Err(violation)) = contract::validate(client, name, result)
         {
             reject(client, &job, &attempt, name, &violation, result);
             return Ok("rejected");

@@ -3,144 +3,151 @@
 //! It is a superuser-only setting (PGC_SUSET): a role can be bound for good with
 //! `ALTER ROLE … SET intent.owner_id`, and a trusted gateway can be allowed to bind each request
 //! with `GRANT SET ON PARAMETER intent.owner_id`. The row-level security policies of
-//! `sql/isolation.sql` read it through [`bound_owner`]; `submit_job` refuses to act for anyone
-//! else.
+//! `sql/isolation.sql` read the binding through [`bound_owner`]; `submit_job` refuses to act for
+//! anyone else. The binding is, in this order:
+//!
+//! 1. no owner at all, for the rest of the session, if the library was first loaded in parallel
+//!    mode while the setting held a value PostgreSQL could not re-apply there ([`POISONED`]);
+//! 2. the owner a running contract checker is pinned to ([`pinned`]; a checker sees no owner);
+//! 3. the setting, or when it is empty the binding the session user's role (or the database) was
+//!    given, read from `pg_db_role_setting` (by an index scan, no SQL: the library loads in
+//!    parallel workers, at `session_preload_libraries` time and inside arbitrary statements) as
+//!    PostgreSQL reads it at login — so a binding a client displaced before the library loaded
+//!    (a startup option, a `SET` of the placeholder, which PostgreSQL discards when the library
+//!    loads), or one that could not be re-applied in parallel mode, binds all the same (`SHOW
+//!    intent.owner_id` then reads empty; `intent.bound_owner()` tells);
+//!    — but no owner at all if the setting has changed within the transaction after it first
+//!    bound it: one transaction acts for one owner ([`FIRST_IN_TRANSACTION`]);
+//! 4. intersected with the binding of the role the code runs as, when that is not the session
+//!    user (SET ROLE, a SECURITY DEFINER function, a maintenance command running a table
+//!    owner's index expression): a tenant's own code, wherever it runs, reads as that tenant.
 
 use crate::refusal::{Answer, Refusal};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use std::cell::RefCell;
-use std::ffi::CString;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::ffi::{CStr, CString, c_char, c_void};
 
 static OWNER_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 
+/// A role's binding read from the catalog: the owner and the source a login applies it with.
+type Binding = Option<(String, pg_sys::GucSource::Type)>;
+
 thread_local! {
-    /// The binding the session user was given for this database (`ALTER ROLE … SET
-    /// intent.owner_id`, or `ALTER DATABASE`), read from the catalog once per backend and
-    /// session user: PostgreSQL itself applies role settings once, at login.
-    static ROLE_BINDING: RefCell<Option<RoleBinding>> = const { RefCell::new(None) };
-    /// While a contract's checker runs: the owner its reads are bound to (the job's owner, or
-    /// the caller's binding; empty: no owner at all), whatever the session's setting says.
+    /// Bindings read from the catalog, per (role, database, whether it is the session's own
+    /// login): PostgreSQL itself reads role settings once, at login. Dropped when a transaction
+    /// that filled it aborts (it may have read the transaction's own, uncommitted, setting).
+    static BINDINGS: RefCell<HashMap<(pg_sys::Oid, pg_sys::Oid, bool), Binding>> =
+        RefCell::new(HashMap::new());
+    static FILLED_IN_TRANSACTION: Cell<bool> = const { Cell::new(false) };
+    /// The first owner the setting held in the current transaction.
+    static FIRST_IN_TRANSACTION: RefCell<Option<String>> = const { RefCell::new(None) };
+    /// While a contract's checker runs: the owner its reads are bound to ("": none).
     static PINNED: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+    /// The library was first loaded in parallel mode while the setting held a value that could
+    /// not be re-applied there: the session acts for no owner (reconnect).
+    static POISONED: Cell<bool> = const { Cell::new(false) };
 }
 
-#[derive(Clone)]
-struct RoleBinding {
-    user: pg_sys::Oid,
-    database: pg_sys::Oid,
-    owner: Option<(String, pg_sys::GucSource::Type)>,
-}
-
-/// The session user's role (or database) binding, from the catalog; None when there is none,
-/// or when no catalog can be read here (outside a transaction).
-fn role_binding_cached() -> Option<(String, pg_sys::GucSource::Type)> {
-    // SAFETY: plain reads of backend globals.
-    let (in_transaction, user, database) = unsafe {
-        (
-            pg_sys::IsTransactionState(),
-            pg_sys::GetSessionUserId(),
-            pg_sys::MyDatabaseId,
-        )
+/// Registers the setting; called from `_PG_init`.
+pub fn register() {
+    // SAFETY: reads a setting (a placeholder, before the definition) and the parallel flag.
+    let (placeholder, parallel) = unsafe {
+        let value = pg_sys::GetConfigOption(c"intent.owner_id".as_ptr(), true, false);
+        let value = (!value.is_null())
+            .then(|| CStr::from_ptr(value).to_string_lossy().into_owned())
+            .filter(|v| !v.is_empty());
+        (value, pg_sys::IsInParallelMode())
     };
-    if let Some(b) = ROLE_BINDING.with_borrow(|b| b.clone())
-        && b.user == user
-        && b.database == database
-    {
-        return b.owner;
+    define();
+    // SAFETY: registers a callback; no SQL.
+    unsafe { pg_sys::RegisterXactCallback(Some(transaction_ends), std::ptr::null_mut()) };
+    if parallel && placeholder.is_some() && setting() != placeholder {
+        // PostgreSQL dropped the value with a WARNING ("cannot be set during a parallel
+        // operation"): it may have been a trusted gateway's binding. Fail closed.
+        POISONED.set(true);
+    }
+}
+
+fn define() {
+    // SAFETY: the assign hook is guarded and never raises.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"intent.owner_id",
+            c"The owner this session acts for (pg_intent owner isolation).",
+            c"When set, the session sees and changes only this owner's jobs, attempts and events. Only superusers, and roles granted SET on it, can change it.",
+            &OWNER_ID,
+            GucContext::Suset,
+            // RESET ALL (which any role may run, from any code, DISCARD ALL too) must not undo
+            // a binding: a tenant's trigger fired inside a gateway's bound transaction could
+            // otherwise unbind the rest of it. RESET intent.owner_id itself is superuser-only.
+            GucFlags::NO_RESET_ALL,
+            None,
+            Some(assign_owner),
+            None,
+        );
+    }
+}
+
+/// Remembers the first owner the setting holds in a transaction.
+#[pg_guard]
+unsafe extern "C-unwind" fn assign_owner(newval: *const c_char, _extra: *mut c_void) {
+    // SAFETY: newval is the setting's new value (or NULL); the transaction state is a read.
+    let value = unsafe {
+        if newval.is_null() || !pg_sys::IsTransactionState() {
+            return;
+        }
+        CStr::from_ptr(newval).to_string_lossy().into_owned()
+    };
+    if !value.is_empty() && FIRST_IN_TRANSACTION.with_borrow(Option::is_none) {
+        FIRST_IN_TRANSACTION.set(Some(value));
+    }
+}
+
+/// At the end of every transaction: forget its first owner; after an abort, forget what was
+/// read from the catalog during it.
+#[pg_guard]
+unsafe extern "C-unwind" fn transaction_ends(event: pg_sys::XactEvent::Type, _arg: *mut c_void) {
+    use pg_sys::XactEvent::*;
+    match event {
+        XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT | XACT_EVENT_PREPARE => {
+            FIRST_IN_TRANSACTION.set(None);
+            FILLED_IN_TRANSACTION.set(false);
+        }
+        XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT => {
+            FIRST_IN_TRANSACTION.set(None);
+            if FILLED_IN_TRANSACTION.replace(false) {
+                BINDINGS.with_borrow_mut(HashMap::clear);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The binding `role` was given (`login`: the session user's own login binding, database-wide
+/// ones included), from the catalog once; None when there is none, or when no catalog can be
+/// read here (outside a transaction).
+fn binding_of(role: pg_sys::Oid, login: bool) -> Binding {
+    // SAFETY: plain reads of backend globals.
+    let (in_transaction, database) =
+        unsafe { (pg_sys::IsTransactionState(), pg_sys::MyDatabaseId) };
+    if let Some(b) = BINDINGS.with_borrow(|m| m.get(&(role, database, login)).cloned()) {
+        return b;
     }
     if !in_transaction || database == pg_sys::InvalidOid {
         return None;
     }
     // SAFETY: catalog access inside a transaction, as process_settings() does at login.
-    let owner = unsafe { role_binding() };
-    ROLE_BINDING.set(Some(RoleBinding {
-        user,
-        database,
-        owner: owner.clone(),
-    }));
-    owner
-}
-
-/// Registers the setting; called from `_PG_init`.
-pub fn register() {
-    define();
-    restore_role_binding();
-}
-
-fn define() {
-    GucRegistry::define_string_guc(
-        c"intent.owner_id",
-        c"The owner this session acts for (pg_intent owner isolation).",
-        c"When set, the session sees and changes only this owner's jobs, attempts and events. Only superusers, and roles granted SET on it, can change it.",
-        &OWNER_ID,
-        GucContext::Suset,
-        // RESET ALL (which any role may run, from any code, DISCARD ALL too) must not undo a
-        // binding: a tenant's trigger fired inside a gateway's bound transaction could
-        // otherwise unbind the rest of it. RESET intent.owner_id itself is superuser-only.
-        GucFlags::NO_RESET_ALL,
-    );
-}
-
-/// A session can set a custom setting before the library that defines it is loaded, and a
-/// client can pass one in its startup packet (`options=-c intent.owner_id=…`). PostgreSQL
-/// discards such a value when the library loads if the session had no right to set it — but it
-/// has already displaced the value the role or database was given with `ALTER ROLE … SET`, so
-/// the session would be left unbound: a tenant could escape its binding. This puts the role's
-/// (or database's) own setting back, with the priority a login gives it.
-///
-/// It runs SQL of no kind: the library loads in parallel workers, at `session_preload_libraries`
-/// time and in the middle of arbitrary statements, and SQL run there breaks them (parallel
-/// query, logins) or runs under the caller's search path. It reads `pg_db_role_setting` the way
-/// PostgreSQL itself does at login, by an index scan with the catalog snapshot. Where the
-/// setting cannot be changed (parallel mode), the binding is kept aside ([`PENDING`]) and binds
-/// the session all the same, until it can be applied.
-fn restore_role_binding() {
-    // SAFETY: plain reads of backend globals.
-    let initializing_worker = unsafe { pg_sys::InitializingParallelWorker };
-    // A parallel worker starting up gets the leader's settings right after its libraries are
-    // loaded. Loaded at server start (shared_preload_libraries) the setting exists before any
-    // client value could displace anything.
-    if is_set() || initializing_worker {
-        return;
-    }
-    if let Some((owner, source)) = role_binding_cached() {
-        // Where settings cannot change (parallel mode) this does nothing: the binding holds
-        // anyway, through role_binding_cached() in bound_owner().
-        apply(&owner, source);
-    }
-}
-
-/// Sets `intent.owner_id` with the priority of `source`; false when PostgreSQL did not (in
-/// parallel mode settings cannot change).
-fn apply(owner: &str, source: pg_sys::GucSource::Type) -> bool {
-    // SAFETY: reads the parallel-mode flag.
-    if unsafe { pg_sys::IsInParallelMode() } {
-        return false;
-    }
-    let Ok(value) = CString::new(owner) else {
-        return false;
-    };
-    // SAFETY: a settings change with the priority a login gives it; a failure is a WARNING
-    // and a result <= 0, not an error.
-    let applied = unsafe {
-        pg_sys::set_config_option(
-            c"intent.owner_id".as_ptr(),
-            value.as_ptr(),
-            pg_sys::GucContext::PGC_SUSET,
-            source,
-            pg_sys::GucAction::GUC_ACTION_SET,
-            true,
-            pg_sys::WARNING as i32,
-            false,
-        )
-    };
-    applied > 0
+    let binding = unsafe { role_binding(role, login) };
+    BINDINGS.with_borrow_mut(|m| m.insert((role, database, login), binding.clone()));
+    FILLED_IN_TRANSACTION.set(true);
+    binding
 }
 
 /// Runs `f` with this session's reads bound to `owner` (empty: to no owner), whatever the
-/// setting says: for a contract's checker, which runs in the completing session but must see
-/// no more than the job's owner may.
+/// setting says: for a contract's checker, which runs in the completing session.
 pub fn pinned<R>(owner: &str, f: impl FnOnce() -> R) -> R {
     struct Unpin;
     impl Drop for Unpin {
@@ -153,6 +160,14 @@ pub fn pinned<R>(owner: &str, f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// The setting's value, when it holds an owner.
+fn setting() -> Option<String> {
+    OWNER_ID
+        .get()
+        .map(|c| c.to_string_lossy().into_owned())
+        .filter(|s| !s.is_empty())
+}
+
 /// `pg_db_role_setting` and its unique index on (setdatabase, setrole): fixed catalog oids.
 const DB_ROLE_SETTING: pg_sys::Oid = pg_sys::Oid::from_u32(2964);
 const DB_ROLE_SETTING_DATID_ROLID_INDEX: pg_sys::Oid = pg_sys::Oid::from_u32(2965);
@@ -161,12 +176,15 @@ const SETDATABASE: pg_sys::AttrNumber = 1;
 const SETROLE: pg_sys::AttrNumber = 2;
 const SETCONFIG: pg_sys::AttrNumber = 3;
 
-/// The `intent.owner_id` a login of the session user into this database was given, with the
-/// source PostgreSQL applies it with, in its order of precedence: this database and role, the
-/// role, this database, every database and role.
-unsafe fn role_binding() -> Option<(String, pg_sys::GucSource::Type)> {
+/// The `intent.owner_id` that `role` was given for this database, with the source PostgreSQL
+/// applies it with at login, in its order of precedence: this database and role, the role,
+/// and — for the session's own login (`login`) — this database, every database and role.
+unsafe fn role_binding(
+    role: pg_sys::Oid,
+    login: bool,
+) -> Option<(String, pg_sys::GucSource::Type)> {
     use pg_sys::GucSource::*;
-    let (db, role) = unsafe { (pg_sys::MyDatabaseId, pg_sys::GetSessionUserId()) };
+    let db = unsafe { pg_sys::MyDatabaseId };
     let none = pg_sys::InvalidOid;
     let order = [
         (db, role, PGC_S_DATABASE_USER),
@@ -174,11 +192,12 @@ unsafe fn role_binding() -> Option<(String, pg_sys::GucSource::Type)> {
         (db, none, PGC_S_DATABASE),
         (none, none, PGC_S_GLOBAL),
     ];
+    let order = if login { &order[..] } else { &order[..2] };
     unsafe {
         let rel = pg_sys::table_open(DB_ROLE_SETTING, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetCatalogSnapshot(DB_ROLE_SETTING));
         let mut found = None;
-        for (database, role, source) in order {
+        for &(database, role, source) in order {
             if let Some(owner) = setting_of(rel, snapshot, database, role) {
                 found = Some((owner, source));
                 break;
@@ -245,37 +264,48 @@ unsafe fn setting_of(
     }
 }
 
-/// The owner this session is bound to, or NULL when it is not bound: the owner a running
-/// checker is pinned to; else the setting; else, when the setting is empty, the binding the
-/// session user's role (or the database) was given. So a binding that was displaced — a value
-/// from the startup packet discarded when the library loaded, a load in parallel mode where the
-/// role's value could not be put back, a parallel worker whose leader never loaded the library
-/// — binds all the same. (An empty text, inside a checker pinned to no owner, matches no row.)
+/// The owner this session is bound to, or NULL when it is not bound (the module comment gives
+/// the rules). An empty text binds to no owner: it matches no row.
 #[pg_extern(stable, parallel_safe)]
 pub fn bound_owner() -> Option<String> {
+    if POISONED.get() {
+        return Some(String::new());
+    }
     if let Some(pinned) = PINNED.with_borrow(|p| p.last().cloned()) {
         return Some(pinned);
     }
-    OWNER_ID
-        .get()
-        .map(|c| c.to_string_lossy().into_owned())
-        .filter(|s| !s.is_empty())
-        .or_else(|| role_binding_cached().map(|(owner, _)| owner))
+    // SAFETY: plain reads of the backend's user ids.
+    let (user, session_user) = unsafe { (pg_sys::GetUserId(), pg_sys::GetSessionUserId()) };
+    let session = setting().or_else(|| binding_of(session_user, true).map(|(o, _)| o));
+    let session = match FIRST_IN_TRANSACTION.with_borrow(|f| f.clone()) {
+        Some(first) if session.as_deref() != Some(first.as_str()) => Some(String::new()),
+        _ => session,
+    };
+    let acting = if user == session_user {
+        None
+    } else {
+        binding_of(user, false).map(|(o, _)| o)
+    };
+    match (acting, session) {
+        (Some(a), Some(s)) if a != s => Some(String::new()),
+        (Some(a), _) => Some(a),
+        (None, s) => s,
+    }
 }
 
-/// Whether the setting itself holds an owner.
-fn is_set() -> bool {
-    OWNER_ID.get().is_some_and(|c| !c.is_empty())
-}
-
-/// Whether this session is bound to an owner (cheaper than reading which one).
+/// Whether this session is bound to an owner (to no owner counts).
 pub fn is_bound() -> bool {
-    PINNED.with_borrow(|p| !p.is_empty()) || is_set() || role_binding_cached().is_some()
+    bound_owner().is_some()
 }
 
 /// Refuses (42501) to act for an owner other than the one the session is bound to.
 pub fn check_acting_for(owner_id: &str) -> Answer<()> {
     match bound_owner() {
+        Some(bound) if bound.is_empty() => Err(Refusal::insufficient_privilege(format!(
+            "this session acts for no owner and cannot submit for owner \"{owner_id}\""
+        ))
+        .detail("The session's binding changed within the transaction, its role's binding differs from the session's, or the library was first loaded in parallel mode while intent.owner_id had a value it could not keep.")
+        .hint("Bind once per transaction (or reconnect).")),
         Some(bound) if bound != owner_id => Err(Refusal::insufficient_privilege(format!(
             "this session acts for owner \"{bound}\" and cannot submit for owner \"{owner_id}\""
         ))

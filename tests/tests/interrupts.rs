@@ -97,9 +97,25 @@ async fn validation_stops_on_statement_timeout_and_cancel() {
     c.query("SELECT intent.define_contract('doubling', $1)", &[&schema])
         .await
         .unwrap();
-    c.query(
+    // The same work, its definitions reached through $id into an unknown keyword: refused,
+    // since nothing there could be interrupted (docs/protocol.md § Contracts).
+    let e = expect_error(
+        &c,
         "SELECT intent.define_contract('doubling-by-id', $1)",
         &[&doubling_schema_by_id(34)],
+    )
+    .await;
+    assert_eq!(e.code, "22023", "{e:?}");
+    // Reached through $id into $defs: accepted, and interrupted.
+    let mut by_id_in_defs = doubling_schema_by_id(34);
+    let defs = by_id_in_defs["x"].take();
+    let text = json!({"$id": "urn:doubling", "$defs": defs, "$ref": "urn:doubling#/$defs/d0"})
+        .to_string()
+        .replace("urn:doubling#/x/", "urn:doubling#/$defs/");
+    let by_id_in_defs: Value = serde_json::from_str(&text).unwrap();
+    c.query(
+        "SELECT intent.define_contract('doubling-by-id', $1)",
+        &[&by_id_in_defs],
     )
     .await
     .unwrap();
@@ -226,4 +242,57 @@ async fn batches_and_purge_stop_and_write_nothing() {
         .unwrap()
         .get(0);
     assert_eq!(n, 10_000);
+}
+
+/// Collecting the errors of a result that breaks a schema whose errors multiply with its nesting
+/// (a failing `anyOf` of `anyOf`s) would take gigabytes: it is budgeted, and the result is
+/// rejected all the same, quickly, with one error that says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_errors_of_an_invalid_result_are_collected_within_a_budget() {
+    let db = Cluster::shared().fresh_db("int_errors").await;
+    let c = db.connect().await;
+    let mut defs = serde_json::Map::new();
+    for i in 0..24 {
+        let next = format!("#/$defs/d{}", i + 1);
+        defs.insert(
+            format!("d{i}"),
+            json!({"anyOf": [{"$ref": next}, {"$ref": next}]}),
+        );
+    }
+    defs.insert("d24".into(), json!({"type": "string"}));
+    let schema = json!({"$defs": defs, "$ref": "#/$defs/d0"});
+    c.query(
+        "SELECT intent.define_contract('multiplying', $1)",
+        &[&schema],
+    )
+    .await
+    .unwrap();
+    c.batch_execute("SET statement_timeout = '60s'")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let row = c
+        .query_one(
+            "SELECT valid, errors::text FROM intent.validate_result('multiplying', '1')",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(!row.get::<_, bool>(0));
+    let errors: String = row.get(1);
+    assert!(errors.contains("too many to list"), "{errors}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        started.elapsed()
+    );
+    let rss_kb: i64 = std::fs::read_to_string(format!("/proc/{}/status", backend_pid(&c).await))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0);
+    assert!(rss_kb < 1_000_000, "the backend peaked at {rss_kb} kB");
 }

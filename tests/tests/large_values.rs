@@ -225,9 +225,10 @@ async fn params_of_every_size_come_back_byte_for_byte() {
     }
 }
 
-/// A batch holds the results it returns in memory until its rows go out: each job's result is
-/// copied once, however often the batch repeats its key, and past 64 MiB of results the
-/// remaining intents are refused (54000) instead of exhausting the server's memory.
+/// A batch holds the results it returns in memory until its rows go out, and in the rows
+/// themselves: each job's result is copied once, however often the batch repeats its key, and
+/// past 64 MiB of results returned the remaining intents, in batch order, are refused (54000)
+/// instead of exhausting the server's memory or disk. Params are bounded too (64 MiB a call).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_of_large_replays_is_bounded() {
     let db = Cluster::shared().fresh_db("large_batch").await;
@@ -250,43 +251,52 @@ async fn a_batch_of_large_replays_is_bounded() {
             vec![json!({}); n],
         )
     };
-    // One key twenty times: one copy, every row answered.
-    let (o, k, p, pa) = batch(vec!["b0".to_string(); 20]);
-    let rows = c
-        .query(
-            "SELECT sqlstate, md5(result::text) FROM intent.submit_jobs($1, $2, $3, $4) ORDER BY ordinality",
-            &[&o, &k, &p, &pa],
-        )
-        .await
-        .unwrap();
     let expected: String = c
         .query_one("SELECT md5($1::jsonb::text)", &[&big(0)])
         .await
         .unwrap()
         .get(0);
-    assert_eq!(rows.len(), 20);
-    for r in &rows {
-        assert_eq!(r.get::<_, Option<String>>(0), None);
-        assert_eq!(
-            r.get::<_, Option<String>>(1).as_deref(),
-            Some(expected.as_str())
-        );
+    // One key twenty times, and six keys: the first four rows fit in 64 MiB, in batch order.
+    for keys in [
+        vec!["b0".to_string(); 20],
+        (0..6).map(|i| format!("b{i}")).collect::<Vec<_>>(),
+    ] {
+        let n = keys.len();
+        let (o, k, p, pa) = batch(keys);
+        let rows = c
+            .query(
+                "SELECT sqlstate, md5(result::text) FROM intent.submit_jobs($1, $2, $3, $4) ORDER BY ordinality",
+                &[&o, &k, &p, &pa],
+            )
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), n);
+        for (i, r) in rows.iter().enumerate() {
+            let (code, md5): (Option<String>, Option<String>) = (r.get(0), r.get(1));
+            if i < 4 {
+                assert_eq!(code, None, "row {i}");
+                if n == 20 {
+                    assert_eq!(md5.as_deref(), Some(expected.as_str()), "row {i}");
+                }
+            } else {
+                assert_eq!((code.as_deref(), md5), (Some("54000"), None), "row {i}");
+            }
+        }
     }
-    // Six keys of 15 MiB each: four fit in 64 MiB, the others are refused.
-    let (o, k, p, pa) = batch((0..6).map(|i| format!("b{i}")).collect());
-    let rows = c
-        .query(
-            "SELECT sqlstate, result IS NOT NULL FROM intent.submit_jobs($1, $2, $3, $4) ORDER BY ordinality",
-            &[&o, &k, &p, &pa],
-        )
-        .await
-        .unwrap();
-    let answered = rows.iter().filter(|r| r.get::<_, bool>(1)).count();
-    let refused: Vec<Option<String>> = rows
-        .iter()
-        .filter(|r| !r.get::<_, bool>(1))
-        .map(|r| r.get(0))
-        .collect();
-    assert_eq!(answered, 4, "{refused:?}");
-    assert_eq!(refused, vec![Some("54000".to_string()); 2]);
+    // 80 intents of 1 MiB params each: over the 64 MiB a call takes, refused whole.
+    let n = 80;
+    let params = vec![json!({"p": "x".repeat(MIB - 100)}); n];
+    let keys: Vec<String> = (0..n).map(|i| format!("p{i}")).collect();
+    let e = expect_error(
+        &c,
+        "SELECT * FROM intent.submit_jobs($1, $2, $3, $4)",
+        &[
+            &vec!["alice".to_string(); n],
+            &keys,
+            &vec!["gpu".to_string(); n],
+            &params,
+        ],
+    )
+    .await;
+    assert_eq!(e.code, "54000", "{e:?}");
 }

@@ -467,12 +467,26 @@ async fn functions_run_as_an_owner_that_row_security_binds() {
             );
         }
     }
-    // Every call a role is granted that reads or writes the tables runs as intent_owner.
+    // Every call a role is granted that reads or writes the tables runs as intent_owner: as a
+    // SECURITY DEFINER function, or (define_contract, which must know its caller) by switching
+    // to its owner itself (contract_definer_is_read_and_the_work_runs_as_intent_owner).
     for name in APP_CALLS.iter().chain(OPERATOR_CALLS).chain(ADMIN_CALLS) {
-        if !["job_id", "attempt_id", "job_of", "bound_owner"].contains(name) {
+        if ![
+            "job_id",
+            "attempt_id",
+            "job_of",
+            "bound_owner",
+            "define_contract",
+        ]
+        .contains(name)
+        {
             assert!(definers.contains(*name), "{name} is not SECURITY DEFINER");
         }
     }
+    assert!(
+        !definers.contains("define_contract"),
+        "define_contract reads its caller"
+    );
     for relation in intent_relations(&admin).await {
         assert_eq!(relation.owner, "intent_owner", "{}", relation.name);
     }
@@ -532,7 +546,6 @@ async fn every_security_definer_function_pins_its_search_path() {
         "cancel_job",
         "sweep",
         "purge",
-        "define_contract",
         "certify_provider",
         "revoke_certification",
         "validate_result",
@@ -1736,4 +1749,36 @@ async fn dump_and_restore_keep_every_row() {
         "the contract's checker is restored with it"
     );
     let _ = std::fs::remove_file(&file);
+}
+
+/// define_contract is SECURITY INVOKER (so that it knows its caller) and does its work as
+/// intent_owner: an intent_admin that may not write intent.contracts itself defines a contract,
+/// and the contract records it as the definer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_definer_is_read_and_the_work_runs_as_intent_owner() {
+    let db = Cluster::shared().fresh_db("sec_define").await;
+    let admin = db.connect().await;
+    let role = create_login_role(&admin, "definer", "IN ROLE intent_admin").await;
+    let c = connect_role(&db, &role).await;
+    assert_eq!(
+        sqlstate_of(
+            &c,
+            "INSERT INTO intent.contracts (name, output_schema) VALUES ('x', '{}')"
+        )
+        .await
+        .as_deref(),
+        Some("42501")
+    );
+    c.query("SELECT intent.define_contract('mine', '{}')", &[])
+        .await
+        .unwrap();
+    let defined_by: String = admin
+        .query_one(
+            "SELECT defined_by::text FROM intent.contracts WHERE name = 'mine'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(defined_by, role);
 }

@@ -831,34 +831,51 @@ async fn reset_all_cannot_unbind_a_gateways_transaction() {
 
 /// Boundary: checker owners ↔ other owners. Route: a checker reads pg_intent's tables as its
 /// owner, in the completing session — an unbound worker's, or a gateway's bound one where the
-/// checker runs `RESET ALL`. It sees the rows of the job's owner only (nothing at all when
-/// validate_result is called by an unbound session).
+/// checker runs `RESET ALL`, or through parallel workers of its own queries. A checker judges
+/// the result it is given: it sees no owner's rows, and its workers none but its own owner's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_checker_sees_only_the_rows_of_the_jobs_owner() {
+async fn a_checker_sees_no_owners_rows() {
     let s = scene("tm_checker_rows").await;
-    submit(&s.su, "tenant-b", "theirs", "gpu", &json!({"secret": 1}))
-        .await
-        .unwrap();
+    submit(
+        &s.su,
+        "tenant-b",
+        "theirs",
+        "gpu",
+        &json!({"secret": "b-params-SECRET"}),
+    )
+    .await
+    .unwrap();
     let t = s.tenant().await;
     t.batch_execute(
         "CREATE FUNCTION evil.reset() RETURNS void LANGUAGE sql VOLATILE AS 'RESET ALL';
+         CREATE FUNCTION evil.peek() RETURNS text LANGUAGE sql STABLE PARALLEL SAFE AS
+             $$ SELECT coalesce(string_agg(owner_id || ':' || params::text, ';'), '') FROM intent.jobs $$;
+         CREATE FUNCTION evil.helper() RETURNS SETOF text LANGUAGE plpgsql STABLE AS
+             $$ BEGIN RETURN QUERY SELECT evil.peek(); END $$;
          CREATE FUNCTION evil.sees(r jsonb) RETURNS boolean LANGUAGE plpgsql STABLE AS $$
          BEGIN
              PERFORM evil.reset();
-             RETURN (SELECT count(*) = 0 FROM intent.jobs WHERE owner_id NOT IN ('tenant-a'))
-                AND (SELECT count(*) = 0 FROM intent.events WHERE owner_id <> 'tenant-a');
+             RETURN (SELECT count(*) = 0 FROM intent.jobs) AND (SELECT count(*) = 0 FROM intent.events);
+         END $$;
+         CREATE FUNCTION evil.leaks(r jsonb) RETURNS boolean LANGUAGE plpgsql STABLE
+             SET force_parallel_mode = on SET parallel_setup_cost = 0 SET parallel_tuple_cost = 0 AS $$
+         DECLARE seen text;
+         BEGIN
+             SELECT string_agg(x, '|') INTO seen FROM evil.helper() x;
+             RAISE EXCEPTION 'LEAK[%]', seen;
          END $$;",
     )
     .await
     .unwrap();
     s.su.batch_execute(&format!(
         "GRANT \"{}\" TO CURRENT_USER;
-         SELECT intent.define_contract('sees', '{{}}', 'evil.sees(jsonb)');",
+         SELECT intent.define_contract('sees', '{{}}', 'evil.sees(jsonb)');
+         SELECT intent.define_contract('leaks', '{{}}', 'evil.leaks(jsonb)');",
         s.tenant
     ))
     .await
     .unwrap();
-    // The tenant's own job, completed by an unbound worker: the checker sees tenant-a only.
+    // Completed by an unbound worker: the checker sees nothing.
     let job = submit_full(
         &s.su,
         "tenant-a",
@@ -875,7 +892,7 @@ async fn a_checker_sees_only_the_rows_of_the_jobs_owner() {
         complete(&s.su, a.attempt_id, 1, &json!({})).await.unwrap(),
         "won"
     );
-    // validate_result from an unbound session: the checker sees no owner at all.
+    // validate_result from an unbound session: nothing either.
     let app = create_login_role(&s.su, "app", "IN ROLE intent_operator").await;
     let c = connect_role(&s.db, &app).await;
     let valid: bool = c
@@ -887,6 +904,299 @@ async fn a_checker_sees_only_the_rows_of_the_jobs_owner() {
         .unwrap()
         .get(0);
     assert!(valid);
+    // Through parallel workers of the checker's own query: the checker's rejection tells what
+    // it saw. Never another owner's rows.
+    let job = submit_full(
+        &s.su,
+        "tenant-a",
+        "leaky",
+        "gpu",
+        &json!({}),
+        Some("leaks"),
+        3,
+    )
+    .await
+    .unwrap();
+    let a = begin(&s.su, job.job_id, None, "1 hour").await.unwrap();
+    assert_eq!(
+        complete(&s.su, a.attempt_id, 1, &json!({})).await.unwrap(),
+        "rejected"
+    );
+    let error = attempt_row(&s.su, a.attempt_id)
+        .await
+        .error
+        .unwrap()
+        .to_string();
+    assert!(error.contains("LEAK["), "{error}");
+    assert!(
+        !error.contains("tenant-b") && !error.contains("victim"),
+        "{error}"
+    );
+    let v: String = c
+        .query_one(
+            "SELECT errors::text FROM intent.validate_result('leaks', '{}')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!v.contains("tenant-b") && !v.contains("victim"), "{v}");
     s.victim_untouched("a checker reading pg_intent's tables")
         .await;
+}
+
+/// Boundary: bound tenant ↔ other owners. Route: a tenant's invoker-rights trigger fired inside a
+/// gateway's bound transaction runs as the gateway, which may set the parameter: it rebinds the
+/// rest of the request (SET LOCAL), or unbinds it (RESET). One transaction acts for one owner:
+/// after such a change it acts for none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_cannot_change_within_a_transaction() {
+    let s = scene("tm_rebind").await;
+    let theirs = submit(&s.su, "tenant-b", "theirs", "gpu", &json!({}))
+        .await
+        .unwrap();
+    let gateway = create_login_role(&s.su, "gateway", "IN ROLE intent_app").await;
+    s.su.batch_execute(&format!(
+        "GRANT SET ON PARAMETER intent.owner_id TO \"{gateway}\""
+    ))
+    .await
+    .unwrap();
+    let t = s.tenant().await;
+    t.batch_execute(&format!(
+        "CREATE TABLE evil.inbox (x int);
+         GRANT INSERT ON evil.inbox TO \"{gateway}\";
+         GRANT USAGE ON SCHEMA evil TO \"{gateway}\";
+         CREATE FUNCTION evil.rebind() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.x = 1 THEN SET LOCAL intent.owner_id = 'tenant-b'; ELSE RESET intent.owner_id; END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER t BEFORE INSERT ON evil.inbox FOR EACH ROW EXECUTE FUNCTION evil.rebind();"
+    ))
+    .await
+    .unwrap();
+    let g = connect_role(&s.db, &gateway).await;
+    g.query_one("SELECT intent.bound_owner()", &[])
+        .await
+        .unwrap();
+    for x in [1, 2] {
+        g.batch_execute(&format!(
+            "BEGIN; SET LOCAL intent.owner_id = 'tenant-a'; INSERT INTO evil.inbox VALUES ({x})"
+        ))
+        .await
+        .unwrap();
+        let bound: Option<String> = g
+            .query_one("SELECT intent.bound_owner()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(bound.as_deref(), Some(""), "x = {x}: bound to no owner");
+        let victim = if x == 1 { theirs.job_id } else { s.victim_job };
+        refusal(cancel(&g, victim, None).await, "IJ007");
+        g.batch_execute("ROLLBACK").await.unwrap();
+    }
+    // The next transaction binds afresh.
+    g.batch_execute("BEGIN; SET LOCAL intent.owner_id = 'tenant-b'")
+        .await
+        .unwrap();
+    let bound: Option<String> = g
+        .query_one("SELECT intent.bound_owner()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(bound.as_deref(), Some("tenant-b"));
+    g.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(job_row(&s.su, theirs.job_id).await.state, "pending");
+    s.victim_untouched("rebinding within a transaction").await;
+}
+
+/// Boundary: bound tenant ↔ other owners. Route: a gateway binds with `SET LOCAL` before the
+/// library is loaded (a placeholder), and the library's first load happens in parallel mode,
+/// where PostgreSQL drops the placeholder's value. The session then acts for no owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_dropped_by_a_parallel_first_load_binds_to_no_owner() {
+    let s = scene("tm_poison").await;
+    let gateway = create_login_role(&s.su, "gateway", "IN ROLE intent_app").await;
+    // A reader of pg_intent's tables that row-level security binds (not a superuser).
+    let reader = create_login_role(&s.su, "reader", "IN ROLE intent_operator").await;
+    s.su.batch_execute(&format!(
+        "GRANT SET ON PARAMETER intent.owner_id TO \"{gateway}\";
+         CREATE TABLE public.spread AS SELECT g FROM generate_series(1, 20000) g;
+         GRANT SELECT ON public.spread TO PUBLIC;
+         CREATE SCHEMA r AUTHORIZATION \"{reader}\";
+         GRANT USAGE ON SCHEMA r TO PUBLIC;
+         SET ROLE \"{reader}\";
+         CREATE FUNCTION r.peek_definer() RETURNS bigint LANGUAGE sql STABLE PARALLEL SAFE
+             SECURITY DEFINER AS 'SELECT count(*) FROM intent.jobs';
+         RESET ROLE;"
+    ))
+    .await
+    .unwrap();
+    let g = connect_role(&s.db, &gateway).await;
+    g.batch_execute(
+        "BEGIN; SET LOCAL intent.owner_id = 'tenant-a';
+         SET LOCAL parallel_setup_cost = 0; SET LOCAL parallel_tuple_cost = 0;
+         SET LOCAL min_parallel_table_scan_size = 0;",
+    )
+    .await
+    .unwrap();
+    g.batch_execute(
+        "SELECT set_config(name, 'on', true) FROM pg_settings
+          WHERE name IN ('force_parallel_mode', 'debug_parallel_query')",
+    )
+    .await
+    .unwrap();
+    let seen: i64 = g
+        .query_one("SELECT max(r.peek_definer()) FROM public.spread", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(seen, 0, "the first load in parallel mode saw jobs");
+    g.batch_execute("SELECT set_config(name, 'off', true) FROM pg_settings WHERE name IN ('force_parallel_mode', 'debug_parallel_query')")
+        .await
+        .unwrap();
+    refusal(cancel(&g, s.victim_job, None).await, "IJ007");
+    g.batch_execute("ROLLBACK").await.unwrap();
+    s.victim_untouched("a parallel first load").await;
+}
+
+/// Boundary: bound tenant ↔ other owners. Route: a tenant's index expression reads pg_intent's
+/// tables (nothing refuses a read) when a DBA's `ANALYZE` or autovacuum runs it, as the tenant,
+/// in an unbound session: what it reads lands in `pg_stats`. It reads as the tenant it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_reads_as_the_table_owner() {
+    let s = scene("tm_maintenance_reads").await;
+    submit(
+        &s.su,
+        "tenant-b",
+        "theirs",
+        "gpu",
+        &json!({"secret": "b-params-SECRET"}),
+    )
+    .await
+    .unwrap();
+    let t = s.tenant().await;
+    t.batch_execute(
+        "CREATE FUNCTION evil.leak(int) RETURNS text LANGUAGE sql IMMUTABLE AS
+             $$ SELECT coalesce(string_agg(DISTINCT owner_id || params::text, ';'), 'none') FROM intent.jobs $$;
+         CREATE TABLE evil.t2 (x int);
+         CREATE INDEX t2_leak ON evil.t2 ((evil.leak(x)));
+         INSERT INTO evil.t2 SELECT 1 FROM generate_series(1, 100);",
+    )
+    .await
+    .unwrap();
+    s.su.batch_execute("ANALYZE evil.t2").await.unwrap();
+    let stats: Option<String> =
+        s.su.query_one(
+            "SELECT most_common_vals::text FROM pg_stats WHERE tablename = 't2_leak'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let stats = stats.unwrap_or_default();
+    assert!(
+        !stats.contains("SECRET") && !stats.contains("victim"),
+        "{stats}"
+    );
+}
+
+/// Boundary: the role that defines a contract ↔ the rights its checker runs with. Routes: a
+/// SECURITY DEFINER function of an admin calling define_contract for a caller who has the
+/// checker owner's rights (a confused deputy); the checker changing owner, or the definer
+/// losing the owner's rights, after the contract was defined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checker_runs_only_while_its_vetting_holds() {
+    let s = scene("tm_vetting").await;
+    let vault = create_login_role(&s.su, "vault", "").await;
+    let vaultdev = create_login_role(&s.su, "vaultdev", &format!("IN ROLE \"{vault}\"")).await;
+    let admin2 = create_login_role(&s.su, "admin2", "IN ROLE intent_admin").await;
+    s.su.batch_execute(&format!(
+        "CREATE SCHEMA v AUTHORIZATION \"{vault}\";
+         GRANT USAGE ON SCHEMA v TO PUBLIC;
+         SET ROLE \"{vault}\";
+         CREATE TABLE v.cards (card text);
+         INSERT INTO v.cards VALUES ('4111-V');
+         CREATE FUNCTION v.oracle(j jsonb) RETURNS boolean LANGUAGE sql STABLE AS
+             $$ SELECT EXISTS (SELECT 1 FROM v.cards WHERE card LIKE (j->>'prefix') || '%') $$;
+         RESET ROLE;
+         CREATE SCHEMA a2 AUTHORIZATION \"{admin2}\";
+         GRANT USAGE ON SCHEMA a2 TO PUBLIC;
+         SET ROLE \"{admin2}\";
+         CREATE FUNCTION a2.helpful() RETURNS integer LANGUAGE sql SECURITY DEFINER AS
+             $$ SELECT intent.define_contract('deputy', '{{}}', 'v.oracle(jsonb)') $$;
+         RESET ROLE;"
+    ))
+    .await
+    .unwrap();
+    let dev = connect_role(&s.db, &vaultdev).await;
+    assert_eq!(
+        sqlstate_of(&dev, "SELECT a2.helpful()").await.as_deref(),
+        Some("42501"),
+        "define_contract judged the deputy's caller, not the deputy"
+    );
+    // Defined by a member of vault, the contract works; then its vetting stops holding.
+    s.su.batch_execute(&format!("GRANT \"{vault}\" TO \"{admin2}\""))
+        .await
+        .unwrap();
+    let a2 = connect_role(&s.db, &admin2).await;
+    a2.query(
+        "SELECT intent.define_contract('vaulted', '{}', 'v.oracle(jsonb)')",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert!(vaulted(&s.su).await.0);
+    s.su.batch_execute(&format!("REVOKE \"{vault}\" FROM \"{admin2}\""))
+        .await
+        .unwrap();
+    let (ok, errors) = vaulted(&s.su).await;
+    assert!(
+        !ok && errors.contains("no longer has the rights"),
+        "{errors}"
+    );
+    s.su.batch_execute(&format!(
+        "GRANT \"{vault}\" TO \"{admin2}\"; ALTER FUNCTION v.oracle(jsonb) OWNER TO postgres;"
+    ))
+    .await
+    .unwrap();
+    let (ok, errors) = vaulted(&s.su).await;
+    assert!(!ok && errors.contains("changed owner"), "{errors}");
+}
+
+async fn vaulted(c: &Client) -> (bool, String) {
+    let r = c
+        .query_one(
+            "SELECT valid, errors::text FROM intent.validate_result('vaulted', '{\"prefix\": \"4111\"}')",
+            &[],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1))
+}
+
+/// Availability: a role binding written by a transaction that rolled back must not stick to the
+/// session that read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_binding_does_not_stick() {
+    let s = scene("tm_rollback_binding").await;
+    // A superuser session binds its own role, reads the binding in the same transaction (the
+    // catalog snapshot sees its own uncommitted row), and rolls back.
+    let su = s.db.connect().await;
+    su.batch_execute("BEGIN; ALTER ROLE CURRENT_USER SET intent.owner_id = 'oops'")
+        .await
+        .unwrap();
+    let inside: Option<String> = su
+        .query_one("SELECT intent.bound_owner()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    su.batch_execute("ROLLBACK").await.unwrap();
+    let after: Option<String> = su
+        .query_one("SELECT intent.bound_owner()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(after, None, "bound after the rollback (inside: {inside:?})");
+    submit(&su, "anyone", "k", "gpu", &json!({})).await.unwrap();
 }

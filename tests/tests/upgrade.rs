@@ -96,6 +96,29 @@ async fn catalog(c: &Client) -> BTreeMap<String, String> {
     all
 }
 
+/// Every row of the extension's tables, with the columns of 0.1.0 only.
+async fn rows_of_0_1(c: &Client) -> Vec<(String, Vec<String>)> {
+    let mut rows = pg_intent_tests::dump::table_rows(c).await;
+    let contracts = c
+        .query(
+            "SELECT (name, output_schema, checker, version, created_at, updated_at)::text
+               FROM intent.contracts ORDER BY name",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for (table, r) in rows.iter_mut() {
+        if table == "intent.contracts" {
+            *r = contracts;
+            break;
+        }
+    }
+    rows
+}
+
 /// What differs between two catalogs, object by object.
 fn differences(
     upgraded: &BTreeMap<String, String>,
@@ -156,7 +179,7 @@ async fn every_release_upgrades_to_exactly_a_fresh_install_with_every_row_intact
             running_attempt,
             rejected_attempt,
         } = fixtures::every_state(&c).await;
-        let rows_before = pg_intent_tests::dump::table_rows(&c).await;
+        let rows_before = rows_of_0_1(&c).await;
         // Through every later release in turn, then straight to the current one.
         for to in &CHAIN[i + 1..] {
             c.batch_execute(&format!("ALTER EXTENSION pg_intent UPDATE TO '{to}'"))
@@ -168,8 +191,26 @@ async fn every_release_upgrades_to_exactly_a_fresh_install_with_every_row_intact
         assert!(diff.is_empty(), "{from} → {current}:\n{}", diff.join("\n"));
         assert_eq!(
             rows_before,
-            pg_intent_tests::dump::table_rows(&c).await,
+            rows_of_0_1(&c).await,
             "{from} → {current}: every row intact"
+        );
+        // 0.2.0 records who a checker runs as: the upgrade records its owner, and no definer.
+        let recorded: Vec<(String, Option<String>, Option<String>)> = c
+            .query(
+                "SELECT name::text, checker_owner::text, defined_by::text FROM intent.contracts ORDER BY name",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        assert_eq!(
+            recorded,
+            [
+                ("loose".to_string(), None, None),
+                ("shape".to_string(), Some("postgres".to_string()), None)
+            ]
         );
         // Every answer intact: replays, the gate, the winner, the contract's checker.
         let replay = submit(&c, "alice", "running", "gpu", &json!({}))

@@ -362,11 +362,10 @@ SELECT valid FROM intent.validate_result('flip', '{"b": 1}');
 SELECT intent.define_contract('flip', '{"type": "object", "required": ["b"]}') AS version;
 SELECT valid FROM intent.validate_result('flip', '{"b": 1}');
 
--- 18. Validation checks for interrupts in every subschema (a keyword pg_intent adds before
---     compiling). It must change no answer: schemas where an added key would matter if it were
---     put in the wrong place — maps of properties, closed objects, data in enum and const, $ref
---     into a place of the schema's own choosing, anchors — each with a value that passes and
---     one that fails.
+-- 18. Validation checks for interrupts in every schema position (a keyword pg_intent adds
+--     before compiling). It must change no answer: schemas where an added key would matter if it
+--     were put in the wrong place — maps of properties, closed objects, data in enum and const,
+--     anchors, $ref between schema positions — each with a value that passes and one that fails.
 CREATE TEMP TABLE semantics (schema jsonb, good jsonb, bad jsonb);
 INSERT INTO semantics VALUES
   ('{"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": false}',
@@ -379,8 +378,6 @@ INSERT INTO semantics VALUES
   ('{"dependentSchemas": {"a": {"required": ["c"]}}}', '{"a": 1, "c": 2}', '{"a": 1}'),
   ('{"enum": [{"k": 1}, {"k": 2}]}', '{"k": 2}', '{"k": 2, "x-pg-intent-interrupt-check": true}'),
   ('{"const": {"k": {"deep": true}}}', '{"k": {"deep": true}}', '{"k": {"deep": true, "x-pg-intent-interrupt-check": true}}'),
-  ('{"$ref": "#/x-library/positive", "x-library": {"positive": {"type": "integer", "minimum": 1}}}', '3', '0'),
-  ('{"$ref": "#/enum/0", "enum": [{"type": "integer"}, 1]}', '1', '2'),
   ('{"$defs": {"n": {"$anchor": "num", "type": "number"}}, "items": {"$ref": "#num"}}', '[1, 2.5]', '[1, "x"]'),
   ('{"prefixItems": [{"type": "string"}], "items": false}', '["a"]', '["a", 1]'),
   ('{"if": {"properties": {"t": {"const": "a"}}}, "then": {"required": ["x"]}, "else": {"required": ["y"]}}',
@@ -390,14 +387,12 @@ INSERT INTO semantics VALUES
    '{"enum": {"const": "s"}}', '{"enum": {"const": 1}}'),
   ('{"contains": {"type": "null"}, "propertyNames": {"maxLength": 3}}', '[1, null]', '[1]'),
   ('{"properties": {"a": {"$ref": "#/properties/b"}, "b": {"type": "boolean"}}}', '{"a": true}', '{"a": 1}'),
-  -- $ref to a map of names, which is then a schema whose keywords are the names.
-  ('{"properties": {"a": {"type": "string"}}, "additionalProperties": false, "$defs": {"p": {"$ref": "#/properties"}}}',
-   '{"a": "s"}', '{"x-pg-intent-interrupt-check": 123}'),
-  ('{"patternProperties": {"^a": {"type": "string"}}, "additionalProperties": false, "$defs": {"p": {"$ref": "#/patternProperties"}}}',
-   '{"ab": "s"}', '{"x-pg-intent-interrupt-check": 1}'),
-  ('{"dependentRequired": {"a": ["b"]}, "$defs": {"r": {"$ref": "#/dependentRequired"}}}', '{"a": 1, "b": 2}', '{"a": 1}'),
-  -- $ref by $id into an unknown keyword.
-  ('{"$id": "urn:k", "x": {"n": {"type": "integer", "maximum": 3}}, "$ref": "urn:k#/x/n"}', '2', '4');
+  ('{"$id": "urn:k", "$defs": {"n": {"type": "integer", "maximum": 3}}, "$ref": "urn:k#/$defs/n"}', '2', '4'),
+  ('{"$id": "https://example.com/root", "$defs": {"n": {"$id": "urn:inner", "type": "integer"}},
+     "properties": {"a": {"$ref": "urn:inner"}}}', '{"a": 1}', '{"a": "x"}'),
+  ('{"$dynamicAnchor": "node", "type": "object", "properties": {"kids": {"type": "array", "items": {"$dynamicRef": "#node"}}}}',
+   '{"kids": [{"kids": []}]}', '{"kids": [1]}'),
+  ('{"pattern": "^[a-z]+\\d{2}$"}', '"ab12"', '"ab1"');
 CREATE FUNCTION pg_temp.judge(s jsonb, good jsonb, bad jsonb, OUT good_is_valid boolean, OUT bad_is_valid boolean)
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
@@ -407,3 +402,30 @@ BEGIN
 END $$;
 SELECT n, (pg_temp.judge(schema, good, bad)).*
   FROM (SELECT row_number() OVER () AS n, * FROM semantics) s ORDER BY n;
+
+-- 19. Schemas whose validation could not be bounded are refused when defined (22023, saying
+--     why): a $ref off the schema positions (into data, a map of names, an unknown keyword, by
+--     fragment or by $id), a relative $id, a $dynamicAnchor off them, a pattern that needs
+--     backtracking.
+CREATE TEMP TABLE unbounded (why text, schema jsonb);
+INSERT INTO unbounded VALUES
+  ('ref into an unknown keyword', '{"$ref": "#/x-library/positive", "x-library": {"positive": {"type": "integer"}}}'),
+  ('ref into an enum value', '{"$ref": "#/enum/0", "enum": [{"type": "integer"}, 1]}'),
+  ('ref into default', '{"default": {"a": {"allOf": [{"$ref": "#/default/a"}]}}, "$ref": "#/default/a"}'),
+  ('ref by $id into an unknown keyword', '{"$id": "urn:k", "x": {"n": {"type": "integer"}}, "$ref": "urn:k#/x/n"}'),
+  ('ref to a map of properties', '{"properties": {"a": {"type": "string"}}, "$defs": {"p": {"$ref": "#/properties"}}}'),
+  ('ref to a map of definitions', '{"$defs": {"const": {"k": 1}}, "$ref": "#/$defs"}'),
+  ('ref to dependentRequired', '{"dependentRequired": {"a": ["b"]}, "$defs": {"r": {"$ref": "#/dependentRequired"}}}'),
+  ('ref to a document elsewhere', '{"$ref": "https://example.com/other.json"}'),
+  ('relative $id', '{"$defs": {"a": {"$id": "a.json", "type": "string"}}}'),
+  ('dynamic anchor in data', '{"examples": [{"$dynamicAnchor": "x"}], "$dynamicRef": "#x"}'),
+  ('back-reference', '{"pattern": "^(a|a)*\\1c$"}'),
+  ('look-ahead', '{"patternProperties": {"^(?=a)": true}}');
+CREATE FUNCTION pg_temp.refusal(s jsonb) RETURNS text LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM intent.define_contract('unbounded', s);
+    RETURN 'accepted';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE || ' ' || SQLERRM;
+END $$;
+SELECT why, pg_temp.refusal(schema) AS answer FROM unbounded;
