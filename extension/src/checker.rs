@@ -1,8 +1,9 @@
 //! Running a contract's checker: a SQL function `(jsonb) → boolean` that someone other than
 //! pg_intent wrote, run on a result a provider returned.
 //!
-//! The checker is named by oid, and its owner can replace its body (`CREATE OR REPLACE`) or
-//! change it (`ALTER FUNCTION`) at any time after `define_contract` vetted it. So every run:
+//! The checker is named by its identity (see `contract::CONTRACT`), and its owner can replace its
+//! body (`CREATE OR REPLACE`) or change it (`ALTER FUNCTION`) at any time after
+//! `define_contract` vetted it. So every run:
 //!
 //! - looks at the function again: still `(jsonb) → boolean`, still STABLE or IMMUTABLE, still
 //!   executable by its owner — else the result is rejected, saying why;
@@ -10,7 +11,7 @@
 //!   security context (as maintenance commands run index expressions: no `SET ROLE`, no temporary
 //!   objects, and no pg_intent call from inside it);
 //! - runs it with the search path `pg_catalog, pg_temp`, which its own `SET search_path` clause
-//!   replaces as usual (pg_intent's pinned path is lifted meanwhile);
+//!   replaces as usual (pg_intent's pin is an ordinary setting, not an override);
 //! - runs it in a subtransaction that is **always rolled back**: whatever it wrote, whatever
 //!   settings it changed (`SET`, `SET LOCAL`, `set_config`), whatever locks it took are undone.
 //!
@@ -133,9 +134,7 @@ pub fn run(
     if !may_execute(checker.owner, oid) {
         return Err(format!("checker {name} cannot be executed by its owner"));
     }
-    let outcome = crate::entry::PinnedSearchPath::lifted(|| {
-        rolled_back(|| as_owner(checker.owner, || unsafe { call(oid, result) }))
-    });
+    let outcome = rolled_back(|| as_owner(checker.owner, || unsafe { call(oid, result) }));
     match outcome {
         Ok(Some(true)) => Ok(()),
         Ok(Some(false)) => Err(format!("checker {name} returned false")),
@@ -213,7 +212,7 @@ fn as_owner<R>(role: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
         pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
         pg_sys::set_config_option(
             c"search_path".as_ptr(),
-            c"pg_catalog, pg_temp".as_ptr(),
+            crate::entry::PINNED_SEARCH_PATH.as_ptr(),
             pg_sys::GucContext::PGC_USERSET,
             pg_sys::GucSource::PGC_S_SESSION,
             pg_sys::GucAction::GUC_ACTION_SAVE,

@@ -194,46 +194,55 @@ pub fn function_owner(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Oid {
     }
 }
 
-/// `pg_catalog` only, for as long as it lives (popped on unwinding too).
-pub(crate) struct PinnedSearchPath;
+/// The search path every call runs with: `pg_catalog, pg_temp`, set the way PostgreSQL sets a
+/// function's `SET search_path` clause (a new GUC nesting level, the value saved, and the level
+/// closed when the call ends), so that it works alike on every supported major (PostgreSQL 17
+/// removed `PushOverrideSearchPath`).
+///
+/// Being an ordinary setting rather than an override, it also leaves code that is not ours free
+/// to choose its own path: a contract's checker sets `pg_catalog, pg_temp` for itself (see
+/// `checker::as_owner`) and may `SET search_path` or carry a `SET` clause of its own, which an
+/// override would have silently beaten.
+///
+/// Every name our statements use is schema-qualified anyway; the pin is for what a query
+/// cannot qualify cheaply (operators, casts, and functions reached through them), so that a
+/// caller's `SET search_path = evil, pg_catalog` changes nothing. `pg_temp` comes last so
+/// that a temporary object can never shadow a catalog one.
+pub(crate) struct PinnedSearchPath {
+    level: c_int,
+}
+
+/// The pinned value (see [`PinnedSearchPath`]).
+pub(crate) const PINNED_SEARCH_PATH: &std::ffi::CStr = c"pg_catalog, pg_temp";
 
 impl PinnedSearchPath {
     pub(crate) fn push() -> Self {
-        let mut path = pg_sys::OverrideSearchPath {
-            schemas: std::ptr::null_mut(),
-            addCatalog: true,
-            addTemp: false,
-            generation: 0,
+        // SAFETY: what fmgr_security_definer does for a function's SET clause. The value is
+        // copied by the GUC machinery; the level is closed in `drop`, or by the abort of the
+        // (sub)transaction an error ends.
+        let level = unsafe {
+            let level = pg_sys::NewGUCNestLevel();
+            pg_sys::set_config_option(
+                c"search_path".as_ptr(),
+                PINNED_SEARCH_PATH.as_ptr(),
+                pg_sys::GucContext::PGC_USERSET,
+                pg_sys::GucSource::PGC_S_SESSION,
+                pg_sys::GucAction::GUC_ACTION_SAVE,
+                true,
+                0,
+                false,
+            );
+            level
         };
-        // SAFETY: PushOverrideSearchPath copies what it needs into its own memory.
-        unsafe { pg_sys::PushOverrideSearchPath(&mut path) };
-        PinnedSearchPath
-    }
-
-    /// Runs `f` with the pinned path lifted (for code that is not ours: a contract's checker
-    /// runs with its own search path). The path is pinned again afterwards, on unwinding too.
-    pub(crate) fn lifted<R>(f: impl FnOnce() -> R) -> R {
-        // SAFETY: every API call pushed one path, the innermost on top, and only this
-        // function pops it before the call ends: the top is ours.
-        unsafe { pg_sys::PopOverrideSearchPath() };
-        let _again = PushOnDrop;
-        f()
-    }
-}
-
-/// Pins the path again when dropped (see [`PinnedSearchPath::lifted`]).
-struct PushOnDrop;
-
-impl Drop for PushOnDrop {
-    fn drop(&mut self) {
-        std::mem::forget(PinnedSearchPath::push());
+        PinnedSearchPath { level }
     }
 }
 
 impl Drop for PinnedSearchPath {
     fn drop(&mut self) {
-        // SAFETY: pairs with the push in `push`.
-        unsafe { pg_sys::PopOverrideSearchPath() };
+        // SAFETY: closes the level opened in `push`, as a function's exit does. Levels opened
+        // inside it by subtransactions are closed already (their commit or abort closes them).
+        unsafe { pg_sys::AtEOXact_GUC(true, self.level) };
     }
 }
 
@@ -385,9 +394,7 @@ pub fn one_row_each(
         pg_sys::InitMaterializedSRF(fcinfo, flags);
         let desc = (*rsinfo).setDesc;
         let natts = (*desc).natts as usize;
-        let types: Vec<pg_sys::Oid> = (0..natts)
-            .map(|i| (*(*desc).attrs.as_ptr().add(i)).atttypid)
-            .collect();
+        let types: Vec<pg_sys::Oid> = (0..natts).map(|i| (*attribute(desc, i)).atttypid).collect();
         for i in 0..n {
             let columns = row(i, &types);
             assert_eq!(
@@ -424,5 +431,20 @@ mod tests {
         };
         assert_eq!(super::sqlstate("22023"), make(b"22023"));
         assert_eq!(super::sqlstate("IJ001"), make(b"IJ001"));
+    }
+}
+
+/// The `i`th attribute of a tuple descriptor (PostgreSQL 18 put the compact attributes first,
+/// so the array moved: this is its TupleDescAttr).
+unsafe fn attribute(desc: pg_sys::TupleDesc, i: usize) -> *const pg_sys::FormData_pg_attribute {
+    // SAFETY: `i` is below natts (the callers' loops say so).
+    unsafe {
+        #[cfg(not(feature = "pg18"))]
+        let attr = (*desc).attrs.as_ptr().add(i);
+        #[cfg(feature = "pg18")]
+        let attr = ((*desc).compact_attrs.as_ptr().add((*desc).natts as usize)
+            as *const pg_sys::FormData_pg_attribute)
+            .add(i);
+        attr
     }
 }
