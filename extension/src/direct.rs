@@ -93,7 +93,10 @@ unsafe fn with_row<T>(
         let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let idx = pg_sys::index_open(indexid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
+        #[cfg(not(feature = "pg18"))]
         let scan = pg_sys::index_beginscan(rel, idx, snapshot, 1, 0);
+        #[cfg(feature = "pg18")]
+        let scan = pg_sys::index_beginscan(rel, idx, snapshot, std::ptr::null_mut(), 1, 0);
         let mut scankey: pg_sys::ScanKeyData = std::mem::zeroed();
         pg_sys::ScanKeyInit(
             &mut scankey,

@@ -37,15 +37,16 @@ pub use uuid::Uuid;
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
 
-/// Where the PostgreSQL 15 server binaries live (override with `PG_INTENT_PG_BIN`).
+/// Where the server binaries live: Debian's PostgreSQL 15 unless `PG_INTENT_PG_BIN` names
+/// another major's `bin` directory (scripts/test.sh sets it for each supported major).
 pub fn pg_bin() -> PathBuf {
     std::env::var_os("PG_INTENT_PG_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin"))
 }
 
-const NOT_INSTALLED: &str = "the pg_intent extension is not installed into the PostgreSQL 15 \
-     server: run scripts/test.sh or cargo pgrx install first";
+const NOT_INSTALLED: &str = "the pg_intent extension is not installed into the server of \
+     PG_INTENT_PG_BIN (default: Debian's PostgreSQL 15): run scripts/test.sh or cargo pgrx install first";
 
 /// How many connections the test servers accept: a test opens up to 64 at once, and tests of
 /// one binary may run in parallel.
@@ -118,9 +119,24 @@ fn describe(out: &Output) -> String {
     )
 }
 
-/// Checks that the extension's control file is where the server looks for it.
-fn check_extension_installed() {
-    let out = Command::new(pg_bin().join("pg_config"))
+/// The major version of the server binaries in `bin`.
+pub fn major_of(bin: &Path) -> u32 {
+    let out = Command::new(bin.join("pg_config"))
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|e| panic!("{}/pg_config --version: {e}", bin.display()));
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.trim()
+        .trim_start_matches("PostgreSQL ")
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or_else(|| panic!("cannot read a major version from {text:?}"))
+}
+
+/// Checks that the extension's control file is where the server of `bin` looks for it.
+fn check_extension_installed(bin: &Path) {
+    let out = Command::new(bin.join("pg_config"))
         .arg("--sharedir")
         .output();
     let Ok(out) = out else { return }; // no pg_config: CREATE EXTENSION will tell
@@ -154,6 +170,8 @@ pub struct Cluster {
     guardian: Mutex<Option<Child>>,
     /// Server settings beyond the test defaults, as `-c name=value` options.
     settings: String,
+    /// The server's bin directory ([`pg_bin`] unless started otherwise).
+    bin: PathBuf,
 }
 
 impl fmt::Debug for Cluster {
@@ -167,10 +185,35 @@ impl fmt::Debug for Cluster {
 
 impl Cluster {
     /// The cluster of this test binary, started on first use and stopped (by the guardian)
-    /// when the test process exits.
+    /// when the test process exits; or, when `PG_INTENT_TEST_CLUSTER` is `DIR:PORT`, the
+    /// running server whose socket and `server.log` are in DIR and data in DIR/data (the
+    /// pg_upgrade test runs the failure points on the cluster it upgraded). An attached
+    /// cluster is left running.
     pub fn shared() -> &'static Cluster {
         static SHARED: OnceLock<Cluster> = OnceLock::new();
-        SHARED.get_or_init(Cluster::start)
+        SHARED.get_or_init(|| match std::env::var("PG_INTENT_TEST_CLUSTER") {
+            Ok(spec) => Cluster::attach(&spec),
+            Err(_) => Cluster::start(),
+        })
+    }
+
+    /// A running cluster this process did not start (see [`shared`](Self::shared)).
+    fn attach(spec: &str) -> Cluster {
+        let (dir, port) = spec
+            .rsplit_once(':')
+            .expect("PG_INTENT_TEST_CLUSTER is DIR:PORT");
+        let dir = PathBuf::from(dir);
+        Cluster {
+            data: dir.join("data"),
+            dir,
+            port: port
+                .parse()
+                .expect("PG_INTENT_TEST_CLUSTER: a numeric port"),
+            as_postgres: running_as_root(),
+            guardian: Mutex::new(None),
+            settings: String::new(),
+            bin: pg_bin(),
+        }
     }
 
     /// Creates and starts a new cluster: `initdb` into a temporary directory, then `pg_ctl start`
@@ -183,7 +226,13 @@ impl Cluster {
     /// Like [`start`](Self::start), with server settings of its own (e.g.
     /// `("shared_preload_libraries", "pg_intent")`), given on the command line.
     pub fn start_with(settings: &[(&str, &str)]) -> Cluster {
-        check_extension_installed();
+        Cluster::start_in(&pg_bin(), settings)
+    }
+
+    /// Like [`start_with`](Self::start_with), with the server binaries of `bin` (another
+    /// major's `bin` directory).
+    pub fn start_in(bin: &Path, settings: &[(&str, &str)]) -> Cluster {
+        check_extension_installed(bin);
         let as_postgres = running_as_root();
         let dir = std::env::temp_dir().join(unique("pg_intent_it"));
         fs::create_dir(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
@@ -203,11 +252,20 @@ impl Cluster {
                 .iter()
                 .map(|(name, value)| format!(" -c {name}='{value}'"))
                 .collect(),
+            bin: bin.to_path_buf(),
         };
         cluster.spawn_guardian();
 
-        let out = cluster.pg_command("initdb", |c| {
-            c.arg("-D").arg(&cluster.data).args([
+        cluster.initdb(&cluster.data, &[]);
+        let mut cluster = cluster;
+        cluster.start_on_a_free_port();
+        cluster
+    }
+
+    /// initdb of a data directory, with this cluster's binaries.
+    fn initdb(&self, data: &Path, extra: &[&str]) {
+        let out = self.pg_command("initdb", |c| {
+            c.arg("-D").arg(data).args(extra).args([
                 "-U",
                 "postgres",
                 "--auth=trust",
@@ -218,23 +276,95 @@ impl Cluster {
             ]);
         });
         assert!(out.status.success(), "initdb failed: {}", describe(&out));
-        let mut cluster = cluster;
+    }
+
+    fn start_on_a_free_port(&mut self) {
         // Another process may take the port between free_port() and the bind: try a few.
         for round in 0.. {
-            match cluster.try_start() {
+            match self.try_start() {
                 Ok(()) => break,
                 Err(log) if round < 5 && log.contains("could not bind") => {
-                    cluster.port = free_port();
+                    self.port = free_port();
                 }
                 Err(log) => panic!("the test server did not start:\n{log}"),
             }
         }
-        cluster
+    }
+
+    /// The server's major version, from `pg_config --version` of its binaries.
+    pub fn major(&self) -> u32 {
+        major_of(&self.bin)
+    }
+
+    /// Upgrades this cluster to the binaries of `new_bin` with `pg_upgrade`: stops it, runs
+    /// initdb for the new major beside the old data directory, `pg_upgrade --check`, then
+    /// `pg_upgrade`, and starts the new server on the same port, socket and log. The extension
+    /// must be installed into both majors.
+    pub fn upgrade_to(mut self, new_bin: &Path) -> Cluster {
+        check_extension_installed(new_bin);
+        self.stop(StopMode::Fast);
+        let old_data = self.data.clone();
+        let old_bin = self.bin.clone();
+        self.bin = new_bin.to_path_buf();
+        self.data = self.dir.join(format!("data{}", major_of(new_bin)));
+        // pg_upgrade needs the new cluster's checksum setting to be the old one's; initdb
+        // turns checksums on by default from 18 on, and our test clusters are made without.
+        let extra: &[&str] = if self.major() >= 18 {
+            &["--no-data-checksums"]
+        } else {
+            &[]
+        };
+        self.initdb(&self.data, extra);
+        for check in [true, false] {
+            let out = self.pg_command("pg_upgrade", |c| {
+                c.current_dir(&self.dir)
+                    .arg("-b")
+                    .arg(&old_bin)
+                    .arg("-B")
+                    .arg(new_bin)
+                    .arg("-d")
+                    .arg(&old_data)
+                    .arg("-D")
+                    .arg(&self.data)
+                    .arg("-s")
+                    .arg(&self.dir)
+                    .args(["-U", "postgres"])
+                    .args([
+                        "-p",
+                        &free_port().to_string(),
+                        "-P",
+                        &free_port().to_string(),
+                    ]);
+                if check {
+                    c.arg("--check");
+                }
+            });
+            assert!(
+                out.status.success(),
+                "pg_upgrade{} failed: {}",
+                if check { " --check" } else { "" },
+                describe(&out)
+            );
+        }
+        self.start_on_a_free_port();
+        self
+    }
+
+    /// Leaves the server running after this process exits (the guardian is called off) and
+    /// returns `DIR:PORT` for `PG_INTENT_TEST_CLUSTER`. Whoever uses it stops and removes it.
+    pub fn keep(self) -> String {
+        if let Some(mut guardian) = self.guardian.lock().unwrap().take() {
+            let _ = guardian.kill();
+            let _ = guardian.wait();
+        }
+        let spec = format!("{}:{}", self.dir.display(), self.port);
+        std::mem::forget(self);
+        spec
     }
 
     /// Runs a server binary, as `postgres` when we are root.
     fn pg_command(&self, program: &str, args: impl FnOnce(&mut Command)) -> Output {
-        let bin = pg_bin().join(program);
+        let bin = self.bin.join(program);
         let mut cmd = if self.as_postgres {
             let mut c = Command::new("runuser");
             c.args(["-u", "postgres", "--"]).arg(bin);
@@ -252,7 +382,9 @@ impl Cluster {
     /// A shell process that stops the server and removes the directory once this process is
     /// gone: a `static` cluster is never dropped, and a test process may die of anything.
     fn spawn_guardian(&self) {
-        let pg_ctl = pg_bin().join("pg_ctl");
+        // Any major's pg_ctl stops any major's server: the old one's is as good after an
+        // upgrade. The data directory of the moment is read from the file the cluster keeps.
+        let pg_ctl = self.bin.join("pg_ctl");
         let run_as = if self.as_postgres {
             "runuser -u postgres -- "
         } else {
@@ -260,7 +392,8 @@ impl Cluster {
         };
         let script = format!(
             "while kill -0 \"$1\" 2>/dev/null; do sleep 1; done; \
-             cd /; {run_as}\"$2\" -D \"$3/data\" -m immediate stop >/dev/null 2>&1; rm -rf \"$3\""
+             cd /; for d in \"$3\"/data*; do {run_as}\"$2\" -D \"$d\" -m immediate stop >/dev/null 2>&1; done; \
+             rm -rf \"$3\""
         );
         let child = Command::new("sh")
             .arg("-c")

@@ -846,7 +846,16 @@ async fn a_checker_sees_no_owners_rows() {
     .await
     .unwrap();
     let t = s.tenant().await;
-    t.batch_execute(
+    // force_parallel_mode became debug_parallel_query in PostgreSQL 16.
+    let force_parallel: String = t
+        .query_one(
+            "SELECT name FROM pg_settings WHERE name IN ('force_parallel_mode', 'debug_parallel_query')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    t.batch_execute(&format!(
         "CREATE FUNCTION evil.reset() RETURNS void LANGUAGE sql VOLATILE AS 'RESET ALL';
          CREATE FUNCTION evil.peek() RETURNS text LANGUAGE sql STABLE PARALLEL SAFE AS
              $$ SELECT coalesce(string_agg(owner_id || ':' || params::text, ';'), '') FROM intent.jobs $$;
@@ -858,13 +867,13 @@ async fn a_checker_sees_no_owners_rows() {
              RETURN (SELECT count(*) = 0 FROM intent.jobs) AND (SELECT count(*) = 0 FROM intent.events);
          END $$;
          CREATE FUNCTION evil.leaks(r jsonb) RETURNS boolean LANGUAGE plpgsql STABLE
-             SET force_parallel_mode = on SET parallel_setup_cost = 0 SET parallel_tuple_cost = 0 AS $$
+             SET {force_parallel} = on SET parallel_setup_cost = 0 SET parallel_tuple_cost = 0 AS $$
          DECLARE seen text;
          BEGIN
              SELECT string_agg(x, '|') INTO seen FROM evil.helper() x;
              RAISE EXCEPTION 'LEAK[%]', seen;
-         END $$;",
-    )
+         END $$;"
+    ))
     .await
     .unwrap();
     s.su.batch_execute(&format!(
@@ -1162,6 +1171,60 @@ async fn a_checker_runs_only_while_its_vetting_holds() {
     .unwrap();
     let (ok, errors) = vaulted(&s.su).await;
     assert!(!ok && errors.contains("changed owner"), "{errors}");
+    // "Redefine the contract", as the message says: vetted again, it works again, and the
+    // version moves on (the checker now runs as another role: certifications start over).
+    let before = version(&s.su).await;
+    s.su.query(
+        "SELECT intent.define_contract('vaulted', '{}', 'v.oracle(jsonb)')",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert!(
+        vaulted(&s.su).await.0,
+        "redefined, the contract is vetted again"
+    );
+    assert_eq!(version(&s.su).await, before + 1);
+    // Its definer losing the owner's rights, then redefining by another role that has them:
+    // vetted again, same version (same schema, checker and owner).
+    s.su.batch_execute(&format!(
+        "ALTER FUNCTION v.oracle(jsonb) OWNER TO \"{vault}\"; GRANT \"{vault}\" TO \"{admin2}\""
+    ))
+    .await
+    .unwrap();
+    a2.query(
+        "SELECT intent.define_contract('vaulted', '{}', 'v.oracle(jsonb)')",
+        &[],
+    )
+    .await
+    .unwrap();
+    s.su.batch_execute(&format!("REVOKE \"{vault}\" FROM \"{admin2}\""))
+        .await
+        .unwrap();
+    assert!(!vaulted(&s.su).await.0);
+    let v = version(&s.su).await;
+    let dev = connect_role(&s.db, &vaultdev).await;
+    s.su.batch_execute(&format!("GRANT intent_admin TO \"{vaultdev}\""))
+        .await
+        .unwrap();
+    dev.query(
+        "SELECT intent.define_contract('vaulted', '{}', 'v.oracle(jsonb)')",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert!(vaulted(&s.su).await.0, "re-vetted by a member of the owner");
+    assert_eq!(version(&s.su).await, v, "same schema, checker and owner");
+}
+
+async fn version(c: &Client) -> i32 {
+    c.query_one(
+        "SELECT version FROM intent.contracts WHERE name = 'vaulted'",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
 }
 
 async fn vaulted(c: &Client) -> (bool, String) {
