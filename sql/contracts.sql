@@ -9,7 +9,7 @@
 CREATE TABLE intent.contracts (
     name           intent.short_name NOT NULL,
     output_schema  jsonb         NOT NULL,
-    checker        regprocedure,
+    checker        text,
     version        integer       NOT NULL DEFAULT 1,
     created_at     timestamptz   NOT NULL DEFAULT now(),
     updated_at     timestamptz   NOT NULL DEFAULT now(),
@@ -27,7 +27,7 @@ COMMENT ON TABLE intent.contracts IS
 COMMENT ON COLUMN intent.contracts.name IS 'The name jobs refer to in intent.jobs.contract.';
 COMMENT ON COLUMN intent.contracts.output_schema IS 'JSON Schema (draft 2020-12) every result must validate against.';
 COMMENT ON COLUMN intent.contracts.checker IS
-    'Optional STABLE or IMMUTABLE function (jsonb) -> boolean run after the schema; anything but true (false, NULL, an error) rejects the result.';
+    'Optional STABLE or IMMUTABLE function (jsonb) -> boolean run after the schema; anything but true (false, NULL, an error) rejects the result. Stored by its identity (schema-qualified name and argument types, as pg_identify_object gives it), which pg_upgrade keeps; renaming it detaches it.';
 COMMENT ON COLUMN intent.contracts.version IS
     'Bumped whenever the schema or the checker changes. Certifications count only for the version they were earned on.';
 COMMENT ON COLUMN intent.contracts.created_at IS 'When the contract was first defined.';

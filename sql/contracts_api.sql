@@ -37,9 +37,10 @@ AS 'MODULE_PATHNAME', 'intent_validate_result';
 COMMENT ON FUNCTION intent.validate_result(text, jsonb) IS
     'Checks a result against a contract (schema, then checker) without writing anything: valid, and the errors as [{"path", "message"} | {"checker"}]. Used by the contract-test harness and by DBAs.';
 
--- A contract's checker is referenced by oid, which records no dependency: without this guard a
--- DROP FUNCTION would silently make every result of the contract fail its check (and a reused
--- oid could point the contract at another function).
+-- A contract's checker is referenced by its identity (schema-qualified name and argument
+-- types), which records no dependency: without this guard a DROP FUNCTION would silently make
+-- every result of the contract fail its check (and a function created again under the same
+-- name could take its place).
 --
 -- It fires on every DROP in the database, by any role. So it is SECURITY DEFINER (it runs as
 -- intent_owner, which may read intent.contracts; the role dropping its own temp table may not),
@@ -60,7 +61,7 @@ BEGIN
     END IF;
     SELECT k.name, d.object_identity INTO c
       FROM pg_catalog.pg_event_trigger_dropped_objects() d
-      JOIN intent.contracts k ON k.checker::pg_catalog.oid OPERATOR(pg_catalog.=) d.objid
+      JOIN intent.contracts k ON k.checker OPERATOR(pg_catalog.=) d.object_identity
      WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
      LIMIT 1;
     IF FOUND THEN

@@ -7,7 +7,9 @@
 --   * the views read with the reader's rights (security_invoker);
 --   * pg_read_all_data may call intent.bound_owner(), which the policies call (backups);
 --   * contracts record the role their checker runs as and the role that defined them;
---   * define_contract reads its caller (SECURITY INVOKER; it switches to intent_owner itself).
+--   * define_contract reads its caller (SECURITY INVOKER; it switches to intent_owner itself);
+--   * a contract stores its checker by identity (schema-qualified name and argument types),
+--     not as regprocedure: pg_upgrade keeps no function oids and refuses reg* columns.
 
 \echo Use "ALTER EXTENSION pg_intent UPDATE TO '0.2.0'" to load this file. \quit
 
@@ -28,7 +30,7 @@ BEGIN
     END IF;
     SELECT k.name, d.object_identity INTO c
       FROM pg_catalog.pg_event_trigger_dropped_objects() d
-      JOIN intent.contracts k ON k.checker::pg_catalog.oid OPERATOR(pg_catalog.=) d.objid
+      JOIN intent.contracts k ON k.checker OPERATOR(pg_catalog.=) d.object_identity
      WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
      LIMIT 1;
     IF FOUND THEN
@@ -58,6 +60,15 @@ UPDATE intent.contracts c
    SET checker_owner = (SELECT p.proowner FROM pg_catalog.pg_proc p
                          WHERE p.oid OPERATOR(pg_catalog.=) c.checker::pg_catalog.oid)::pg_catalog.regrole
  WHERE c.checker IS NOT NULL;
+-- The checker by identity. A checker that no longer exists (only a bypassed drop guard leaves
+-- one) keeps a name no function has, so its results stay rejected, and it has no owner: the
+-- constraint below then stops the update, to be repaired by redefining the contract.
+ALTER TABLE intent.contracts
+    ALTER COLUMN checker TYPE text USING COALESCE(
+        (pg_catalog.pg_identify_object('pg_catalog.pg_proc'::pg_catalog.regclass, checker::pg_catalog.oid, 0)).identity,
+        pg_catalog.format('pg_catalog.%I(pg_catalog.jsonb)', 'pg_intent: dropped checker ' OPERATOR(pg_catalog.||) checker::pg_catalog.oid::pg_catalog.text));
+COMMENT ON COLUMN intent.contracts.checker IS
+    'Optional STABLE or IMMUTABLE function (jsonb) -> boolean run after the schema; anything but true (false, NULL, an error) rejects the result. Stored by its identity (schema-qualified name and argument types, as pg_identify_object gives it), which pg_upgrade keeps; renaming it detaches it.';
 ALTER TABLE intent.contracts
     ADD CONSTRAINT contracts_checker_has_owner CHECK ((checker IS NULL) = (checker_owner IS NULL));
 COMMENT ON COLUMN intent.contracts.checker_owner IS

@@ -27,17 +27,34 @@ const MAX_ERRORS: usize = 20;
 
 /// The contract's version, checker and schema. The schema is read every time: the compiled
 /// validator is cached per backend, keyed by the schema itself (see [`validator`]).
+///
+/// The checker is stored by its identity (`pg_identify_object`: schema-qualified name and
+/// argument types), not by oid: pg_upgrade keeps no function oids and refuses tables with
+/// `regprocedure` columns. It is found again here in the catalog, by schema and name (from
+/// `parse_ident`, which reads the quoting `pg_identify_object` writes) and the one argument
+/// every checker takes, and confirmed by its identity; not with `to_regprocedure`, which
+/// would need USAGE on the checker's schema for the role running the call. NULL in the
+/// second column with a non-NULL sixth is a checker that no longer exists (or was renamed).
 static CONTRACT: Statement = Statement {
     slot: 19,
-    sql: "SELECT version, checker::oid, output_schema, checker_owner::oid, defined_by::oid
-            FROM intent.contracts WHERE name = $1",
+    sql: "SELECT c.version,
+                 (SELECT p.oid
+                    FROM pg_catalog.pg_proc p
+                    JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+                   WHERE p.proname = (pg_catalog.parse_ident(c.checker, false))[2]::pg_catalog.name
+                     AND n.nspname = (pg_catalog.parse_ident(c.checker, false))[1]::pg_catalog.name
+                     AND p.pronargs = 1
+                     AND (pg_catalog.pg_identify_object('pg_catalog.pg_proc'::pg_catalog.regclass, p.oid, 0)).identity
+                         = c.checker),
+                 c.output_schema, c.checker_owner::oid, c.defined_by::oid, c.checker
+            FROM intent.contracts c WHERE c.name = $1",
     args: &[pg_sys::TEXTOID],
 };
 
 /// [`CONTRACT`] on the catalog of 0.1.0 (see [`catalog_records_definers`]).
 static CONTRACT_0_1: Statement = Statement {
     slot: 43,
-    sql: "SELECT version, checker::oid, output_schema, NULL::oid, NULL::oid
+    sql: "SELECT version, checker::oid, output_schema, NULL::oid, NULL::oid, checker::text
             FROM intent.contracts WHERE name = $1",
     args: &[pg_sys::TEXTOID],
 };
@@ -64,34 +81,48 @@ fn contract_statement() -> &'static Statement {
 
 /// Whether the role calling define_contract may execute the checker it names, and has the
 /// rights of the checker's owner (the checker runs as its owner: naming it must not lend the
-/// definer, nor every caller of validate_result, rights the definer does not have).
+/// definer, nor every caller of validate_result, rights the definer does not have); the
+/// checker's identity, as the contract stores it; whether it is a temporary function.
 static CALLER_MAY_USE: Statement = Statement {
     slot: 22,
     sql: "SELECT has_function_privilege($2, p.oid, 'EXECUTE'),
                  pg_has_role($2, p.proowner, 'USAGE'),
-                 p.proowner::regrole::text
+                 p.proowner::regrole::text,
+                 (pg_catalog.pg_identify_object('pg_catalog.pg_proc'::pg_catalog.regclass, p.oid, 0)).identity,
+                 p.pronamespace = pg_catalog.pg_my_temp_schema()
+                   OR pg_catalog.pg_is_other_temp_schema(p.pronamespace)
             FROM pg_catalog.pg_proc p WHERE p.oid = $1",
     args: &[pg_sys::OIDOID, pg_sys::OIDOID],
 };
 
-/// Defines a contract, or redefines it (version + 1) when the schema or checker changed.
+/// Defines a contract, or redefines it: version + 1 when the schema, the checker or the role
+/// the checker runs as changed (certifications were earned on the old one). Defined again
+/// unchanged by another role, it records the new definer (vetted just now) and keeps its
+/// version; defined again unchanged by the same role, it writes nothing. So "redefine the
+/// contract" re-vets a contract whose checker changed owner or whose definer lost rights.
 static UPSERT_CONTRACT: Statement = Statement {
     slot: 23,
     sql: "INSERT INTO intent.contracts AS c (name, output_schema, checker, created_at, updated_at,
                                               checker_owner, defined_by)
-          VALUES ($1, $2, $3::regprocedure, statement_timestamp(), statement_timestamp(),
+          VALUES ($1, $2, $3, statement_timestamp(), statement_timestamp(),
                   $4::regrole, $5::regrole)
           ON CONFLICT (name) DO UPDATE
              SET output_schema = excluded.output_schema, checker = excluded.checker,
                  checker_owner = excluded.checker_owner, defined_by = excluded.defined_by,
-                 version = c.version + 1, updated_at = statement_timestamp()
+                 version = c.version + CASE
+                     WHEN c.output_schema IS DISTINCT FROM excluded.output_schema
+                       OR c.checker IS DISTINCT FROM excluded.checker
+                       OR c.checker_owner IS DISTINCT FROM excluded.checker_owner THEN 1 ELSE 0 END,
+                 updated_at = statement_timestamp()
            WHERE c.output_schema IS DISTINCT FROM excluded.output_schema
               OR c.checker IS DISTINCT FROM excluded.checker
+              OR c.checker_owner IS DISTINCT FROM excluded.checker_owner
+              OR c.defined_by IS DISTINCT FROM excluded.defined_by
           RETURNING version",
     args: &[
         pg_sys::TEXTOID,
         pg_sys::JSONBOID,
-        pg_sys::OIDOID,
+        pg_sys::TEXTOID,
         pg_sys::OIDOID,
         pg_sys::OIDOID,
     ],
@@ -218,6 +249,7 @@ pub fn validate(
     let checker: Option<pg_sys::Oid> = plans::get(&row, 2);
     let checker_owner: Option<pg_sys::Oid> = plans::get(&row, 4);
     let defined_by: Option<pg_sys::Oid> = plans::get(&row, 5);
+    let checker_identity: Option<String> = plans::get(&row, 6);
     let validator = match validator(name, plans::must::<CallJsonb>(&row, 3).0) {
         Ok(v) => v,
         Err(e) => {
@@ -254,6 +286,16 @@ pub fn validate(
             vec![json!({"path": "", "message": "the result does not satisfy the schema (its errors were too many to list)"})]
         });
         return Some(Err(Violation { version, errors }));
+    }
+    if checker.is_none()
+        && let Some(identity) = checker_identity
+    {
+        return Some(Err(Violation {
+            version,
+            errors: vec![json!({"checker": format!(
+                "checker {identity} no longer exists (a checker is found by its schema-qualified name and argument types: renaming it, or its schema, detaches it): redefine the contract"
+            )})],
+        }));
     }
     // A checker sees no owner's rows: it judges the result it is given, nothing else.
     if let Some(checker) = checker
@@ -397,9 +439,12 @@ fn define(
         );
     }
     Spi::connect_mut(|client| {
-        let checker_owner = match checker {
-            Some(oid) => Some(check_checker(client, oid, caller)?),
-            None => None,
+        let (checker_owner, identity) = match checker {
+            Some(oid) => {
+                let (owner, identity) = check_checker(client, oid, caller)?;
+                (Some(owner), Some(identity))
+            }
+            None => (None, None),
         };
         let inserted = plans::first(if catalog_records_definers() {
             plans::run(
@@ -408,7 +453,7 @@ fn define(
                 &[
                     name.into(),
                     schema.into(),
-                    checker.into(),
+                    identity.into(),
                     checker_owner.into(),
                     caller.into(),
                 ],
@@ -430,12 +475,13 @@ fn define(
 
 /// Refuses (22023) a checker that is not a STABLE or IMMUTABLE `(jsonb) → boolean` function,
 /// that its owner cannot execute (it runs as its owner), or that the calling role could not
-/// execute itself (a contract must not lend anyone a function they may not run).
+/// execute itself (a contract must not lend anyone a function they may not run), or that is
+/// temporary (a contract outlives the session). Returns the checker's owner and identity.
 fn check_checker(
     client: &mut SpiClient<'_>,
     oid: pg_sys::Oid,
     caller: pg_sys::Oid,
-) -> Answer<pg_sys::Oid> {
+) -> Answer<(pg_sys::Oid, String)> {
     let Some(c) = crate::checker::describe(oid) else {
         return Err(Refusal::bad_input(format!(
             "checker function {oid} does not exist"
@@ -489,7 +535,14 @@ fn check_checker(
         ))
         .hint("Define the contract as a member of the checker's owner, or use a checker owned by the defining role."));
     }
-    Ok(c.owner)
+    if plans::must::<bool>(&row, 5) {
+        return Err(
+            Refusal::bad_input(format!("checker {signature} is a temporary function"))
+                .detail("A contract outlives the session; its temporary functions do not.")
+                .hint("Create the checker in a permanent schema."),
+        );
+    }
+    Ok((c.owner, plans::must(&row, 4)))
 }
 
 crate::entry::sql_function!(

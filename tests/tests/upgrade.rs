@@ -101,7 +101,10 @@ async fn rows_of_0_1(c: &Client) -> Vec<(String, Vec<String>)> {
     let mut rows = pg_intent_tests::dump::table_rows(c).await;
     let contracts = c
         .query(
-            "SELECT (name, output_schema, checker, version, created_at, updated_at)::text
+            // The checker by identity: 0.2.0 stores it so (pg_upgrade keeps no function oids).
+            "SELECT (name, output_schema,
+                     (pg_identify_object('pg_proc'::regclass, checker::text::regprocedure, 0)).identity,
+                     version, created_at, updated_at)::text
                FROM intent.contracts ORDER BY name",
             &[],
         )

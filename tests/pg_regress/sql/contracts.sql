@@ -19,7 +19,7 @@ TRUNCATE intent.jobs, intent.attempts, intent.events;
 -- t.contract(name): the contract row, without timestamps; "redefined" says whether it
 -- changed since it was first defined.
 CREATE FUNCTION t.contract(name text)
-RETURNS TABLE (version integer, checker regprocedure, redefined boolean, output_schema jsonb)
+RETURNS TABLE (version integer, checker text, redefined boolean, output_schema jsonb)
 LANGUAGE sql AS $$
   SELECT c.version, c.checker, c.updated_at <> c.created_at, c.output_schema
     FROM intent.contracts c WHERE c.name = $1
@@ -199,7 +199,7 @@ SELECT intent.certify_provider('gpu-b', 'render', '{"suite": "render-contract", 
        - statement_timestamp() AS valid_for;
 SELECT attempt_no FROM intent.begin_attempt(intent.job_id('studio', 'outdated'), 'gpu-b', '1 hour');
 SELECT intent.abandon_attempt(intent.attempt_id(intent.job_id('studio', 'outdated'), 1), 'operator: retry after the contract change');
-SELECT intent.define_contract('render', output_schema || '{"required": ["url", "frames", "tags"]}', checker)
+SELECT intent.define_contract('render', output_schema || '{"required": ["url", "frames", "tags"]}', checker::regprocedure)
   FROM intent.contracts WHERE name = 'render';
 SELECT version, checker, output_schema->'required' AS required FROM t.contract('render');
 SELECT * FROM t.snapshot();
@@ -429,3 +429,24 @@ EXCEPTION WHEN OTHERS THEN
     RETURN SQLSTATE || ' ' || SQLERRM;
 END $$;
 SELECT why, pg_temp.refusal(schema) AS answer FROM unbounded;
+
+-- 20. A checker is stored by its identity (schema-qualified name and argument types; pg_upgrade
+--     keeps no function oids), found again at every validation, even in a schema the calling
+--     role may not use. Quoted names round-trip. Renamed, it is detached: results are rejected,
+--     saying so, until the contract is redefined. A temporary function cannot be a checker
+--     (22023): a contract outlives the session.
+CREATE SCHEMA "Odd Schema";
+CREATE FUNCTION "Odd Schema"."has a ""url"""(r jsonb) RETURNS boolean LANGUAGE sql STABLE
+    AS $$ SELECT r ? 'url' $$;
+SELECT intent.define_contract('odd', '{"type": "object"}', '"Odd Schema"."has a ""url"""(jsonb)');
+SELECT checker, checker_owner FROM intent.contracts WHERE name = 'odd';
+SELECT valid, errors FROM intent.validate_result('odd', '{"url": "u"}');
+SELECT valid, errors FROM intent.validate_result('odd', '{"no": "url"}');
+ALTER FUNCTION "Odd Schema"."has a ""url"""(jsonb) RENAME TO renamed;
+SELECT valid, errors FROM intent.validate_result('odd', '{"url": "u"}');
+SELECT intent.define_contract('odd', '{"type": "object"}', '"Odd Schema".renamed(jsonb)');
+SELECT valid, errors FROM intent.validate_result('odd', '{"url": "u"}');
+CREATE FUNCTION pg_temp.temporary_check(r jsonb) RETURNS boolean LANGUAGE sql STABLE AS 'SELECT true';
+SELECT field, regexp_replace(value, 'pg_temp_[0-9]+', 'pg_temp_N') AS value
+  FROM t.error_of($$SELECT intent.define_contract('temp', '{}', 'pg_temp.temporary_check(jsonb)')$$);
+SELECT count(*) AS temp_contracts FROM intent.contracts WHERE name = 'temp';
