@@ -9,6 +9,10 @@ alternating order (A B B A …) and the ratio uses the sum over all rounds, so a
 machine during the run hits both sides alike.
 
 Usage: python3 benches/run.py [--quick] [--seconds N] [--clients N] [--markdown FILE]
+       python3 benches/run.py --majors "15:BIN 16:BIN ..." [--markdown FILE]
+           the submit and lifecycle pairs on each major, one after the other in one run, each
+           against its baselines on the same server, and each major's throughput against the
+           first one's (PG_BIN-style bin directories; scripts/bench.sh --majors fills them in)
 """
 
 import argparse
@@ -33,7 +37,8 @@ def as_postgres(cmd):
 
 
 class Cluster:
-    def __init__(self, settings):
+    def __init__(self, settings, bin_dir=None):
+        self.bin = Path(bin_dir) if bin_dir else PG_BIN
         self.dir = Path(tempfile.mkdtemp(prefix="pg_intent_bench."))
         os.chmod(self.dir, 0o755)
         if os.geteuid() == 0:
@@ -43,23 +48,23 @@ class Cluster:
         self.port = s.getsockname()[1]
         s.close()
         data = self.dir / "data"
-        subprocess.run(as_postgres([str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres",
+        subprocess.run(as_postgres([str(self.bin / "initdb"), "-D", str(data), "-U", "postgres",
                                     "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8"]),
                        check=True, stdout=subprocess.DEVNULL)
         opts = f"-p {self.port} -k {self.dir} -c listen_addresses=''"
         for k, v in settings.items():
             opts += f" -c {k}={v}"
-        subprocess.run(as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(self.dir / "log"),
+        subprocess.run(as_postgres([str(self.bin / "pg_ctl"), "-D", str(data), "-l", str(self.dir / "log"),
                                     "-w", "-o", opts, "start"]), check=True, stdout=subprocess.DEVNULL)
         self.env = dict(os.environ, PGHOST=str(self.dir), PGPORT=str(self.port), PGUSER="postgres")
 
     def psql(self, sql, db="bench", file=None):
-        cmd = [str(PG_BIN / "psql"), "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-d", db]
+        cmd = [str(self.bin / "psql"), "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-d", db]
         cmd += ["-f", str(file)] if file else ["-c", sql]
         return subprocess.run(cmd, env=self.env, check=True, capture_output=True, text=True).stdout.strip()
 
     def stop(self):
-        subprocess.run(as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(self.dir / "data"), "-m", "immediate", "stop"]),
+        subprocess.run(as_postgres([str(self.bin / "pg_ctl"), "-D", str(self.dir / "data"), "-m", "immediate", "stop"]),
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -67,7 +72,7 @@ class Cluster:
 def pgbench(cluster, script, clients, seconds=None, transactions=None, sync=True, variables=None):
     """Runs one pgbench script; returns (tps, latencies in ms, failed transactions)."""
     logdir = Path(tempfile.mkdtemp(prefix="pgbench."))
-    cmd = [str(PG_BIN / "pgbench"), "-n", "-M", "prepared", "-c", str(clients),
+    cmd = [str(cluster.bin / "pgbench"), "-n", "-M", "prepared", "-c", str(clients),
            "-j", str(min(clients, 2)), "-f", str(PGBENCH_DIR / script),
            "-l", "--log-prefix", str(logdir / "log")]
     cmd += ["-T", str(seconds)] if seconds else ["-t", str(transactions)]
@@ -145,7 +150,10 @@ def main():
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--markdown", type=Path, default=None, help="also write the results as Markdown")
+    ap.add_argument("--majors", default=None, help="MAJOR:BIN pairs: the per-major comparison")
     args = ap.parse_args()
+    if args.majors:
+        return majors(args)
     seconds = args.seconds or (5 if args.quick else 15)
     rounds = args.rounds or (2 if args.quick else 4)
     big = 1_000_000 if args.quick else 5_000_000
@@ -230,6 +238,65 @@ def main():
                            p99_ratio, len(lat), failed, jobs, clients, seconds, rounds)
     finally:
         cluster.stop()
+
+
+SETTINGS = {"shared_buffers": "1GB", "max_wal_size": "8GB", "checkpoint_timeout": "30min",
+            "max_connections": "100", "fsync": "on"}
+
+# The pairs measured on every major: what a user of each major pays for pg_intent.
+MAJOR_PAIRS = [
+    ("submit, new keys ÷ raw INSERT … ON CONFLICT", "submit_new.sql", "raw_insert_new.sql"),
+    ("lifecycle ÷ hand-written PL/pgSQL", "lifecycle.sql", "plpgsql_lifecycle.sql"),
+    ("lifecycle ÷ the three bare statements", "lifecycle.sql", "bare_lifecycle.sql"),
+]
+
+
+def majors(args):
+    """Each major in turn, on a cluster of its own with the same settings: pg_intent against
+    the baselines on that server, and its throughput against the first major's."""
+    seconds = args.seconds or 5
+    rounds = args.rounds or 2
+    clients = args.clients
+    results = {}  # major -> {(label, sync): (ours tps, base tps, ratio)}
+    pairs = [p.split(":", 1) for p in args.majors.split()]
+    print(f"pg_intent on each major: {clients} clients, {rounds} rounds of {seconds}s per side, "
+          f"pgbench -M prepared, {os.cpu_count()} CPUs", flush=True)
+    for major, bin_dir in pairs:
+        cluster = Cluster(SETTINGS, bin_dir)
+        try:
+            version = None
+            cluster.psql("CREATE DATABASE bench", db="postgres")
+            cluster.psql("CREATE EXTENSION pg_intent")
+            cluster.psql(None, file=ROOT / "benches" / "sql" / "baselines.sql")
+            version = cluster.psql("SHOW server_version")
+            results[major] = {"version": version}
+            for sync in (True, False):
+                for label, ours, base in MAJOR_PAIRS:
+                    res = compare(cluster, ours, base, clients, seconds, rounds, sync)
+                    o, b = sum(res[ours][0]) / rounds, sum(res[base][0]) / rounds
+                    results[major][(label, sync)] = (o, b, o / b)
+                    print(f"PostgreSQL {version:<6} {label:<40} sync {'on ' if sync else 'off'} "
+                          f"ours {o:>7.0f} tps  base {b:>7.0f} tps  ratio {o / b:.2f}", flush=True)
+        finally:
+            cluster.stop()
+    first = pairs[0][0]
+    lines = [
+        f"| PostgreSQL | synchronous_commit | {' | '.join(l for l, _, _ in MAJOR_PAIRS)} | pg_intent tps (submit / lifecycle) | ÷ PostgreSQL {results[first]['version']} |",
+        "|---|---|" + "---:|" * len(MAJOR_PAIRS) + "---:|---:|",
+    ]
+    for major, _ in pairs:
+        r = results[major]
+        for sync in (True, False):
+            ratios = " | ".join(f"{r[(l, sync)][2]:.2f}" for l, _, _ in MAJOR_PAIRS)
+            sub, life = r[(MAJOR_PAIRS[0][0], sync)][0], r[(MAJOR_PAIRS[1][0], sync)][0]
+            sub0, life0 = results[first][(MAJOR_PAIRS[0][0], sync)][0], results[first][(MAJOR_PAIRS[1][0], sync)][0]
+            lines.append(f"| {r['version']} | {'on' if sync else 'off'} | {ratios} | {sub:.0f} / {life:.0f} | "
+                         f"{sub / sub0:.2f} / {life / life0:.2f} |")
+    lines += ["", f"Settings: {clients} clients, {rounds} alternating rounds of {seconds} s per side, "
+                  f"pgbench -M prepared, {os.cpu_count()} CPUs; one cluster per major, one after the other."]
+    print("\n".join(lines))
+    if args.markdown:
+        args.markdown.write_text("\n".join(lines) + "\n")
 
 
 def print_header():

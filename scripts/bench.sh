@@ -3,9 +3,22 @@
 # same run on a throwaway cluster that benches/run.py starts and removes. Installs what is missing
 # on a fresh machine first, like the other scripts. Results and their reading: docs/benchmarks.md.
 # Usage: bash scripts/bench.sh [--quick] [--seconds N] [--clients N] [--markdown FILE]
+#        bash scripts/bench.sh --majors [--seconds N] [--markdown FILE]   every major of pgrx.toml
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$ROOT"
 setup_all
+if [ "${1:-}" = --majors ]; then
+  shift
+  install_majors
+  pgrx_init
+  spec=""
+  for m in $PG_MAJORS; do
+    use_major "$m"
+    [ "$m" = "$DEFAULT_MAJOR" ] || install_extension
+    spec+="$m:$PG_BIN "
+  done
+  exec python3 "$ROOT/benches/run.py" --majors "$spec" "$@"
+fi
 command -v pgbench >/dev/null || [ -x "$PG_BIN/pgbench" ] || die "pgbench not found"
 PG_BIN="$PG_BIN" exec python3 "$ROOT/benches/run.py" "$@"
