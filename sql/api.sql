@@ -6,10 +6,10 @@
 -- row behind.
 --
 -- They are SECURITY DEFINER: an application needs EXECUTE on the calls it makes and nothing on
--- the tables. They have no SET search_path clause on purpose: a SET clause costs a settings
--- change on every call, so instead each call pins its search path to pg_catalog alone while it
--- runs (PushOverrideSearchPath), and every object of ours is schema-qualified in the SQL it
--- executes. Nothing a caller puts in public or pg_temp can be picked up.
+-- the tables. They have no SET search_path clause: each call pins its search path to
+-- pg_catalog, pg_temp itself while it runs (a GUC nesting level, as a SET clause does, on every
+-- supported major), and every object of ours is schema-qualified in the SQL it executes.
+-- Nothing a caller puts in public or pg_temp can be picked up.
 
 CREATE FUNCTION intent.submit_job(
     owner_id text,

@@ -2,12 +2,14 @@
 --
 -- 1. Everything belongs to intent_owner, a role that cannot log in and is not a superuser:
 --    superusers bypass row-level security, and the SECURITY DEFINER functions must obey the
---    owner isolation policies (isolation.sql) like everyone else. Contract checkers run as it too.
+--    owner isolation policies (isolation.sql) like everyone else. (Contract checkers run as
+--    the role that owns them, never as intent_owner.)
 -- 2. Nothing is usable by PUBLIC.
 -- 3. Three roles carry exactly the calls each kind of user needs (grant them to login roles):
---      intent_app       submit and run attempts: submit_job, begin/complete/fail/mark_unknown,
---                       heartbeat, cancel_job, the id derivations
---      intent_operator  intent_app, plus abandon_attempt, sweep and reading the tables
+--      intent_app       submit and run attempts: submit_job, submit_jobs, begin/complete/fail/
+--                       mark_unknown, heartbeat, cancel_job, validate_result, bound_owner, the
+--                       id derivations
+--      intent_operator  intent_app, plus abandon_attempt, sweep, purge and reading the tables
 --      intent_admin     intent_operator, plus contracts and certifications
 -- Roles are cluster-wide: they are created once and kept when the extension is dropped.
 

@@ -1,5 +1,5 @@
 //! pg_intent: durable jobs and attempts that make retries and fallbacks safe, enforced inside
-//! PostgreSQL. The public contract is `SPEC.md`; the schema lives in `sql/`, one file per concern.
+//! PostgreSQL. The public contract is `docs/reference.md`; the schema lives in `sql/`, one file per concern.
 //!
 //! Layering: each protocol call is a version-1 C function written in Rust (`entry.rs`) that does
 //! the work through cached SPI plans, gets back a value or a refusal, and raises the refusal

@@ -2,7 +2,7 @@
 //!
 //! A job id is derived from the intent, never random, so that a load balancer, an API handler,
 //! the database, a worker and a log line can all name a job before the database is asked
-//! (see `SPEC.md`, § Names):
+//! (see `docs/reference.md`, § 1.4 Identity and binding):
 //!
 //! ```text
 //! h = SHA-256(UTF-8(owner_id) ‖ 0x00 ‖ UTF-8(idempotency_key))

@@ -1,7 +1,7 @@
 //! A reference model of the pg_intent protocol, for the model-checked test
 //! (`tests/model_check.rs`).
 //!
-//! Written from `SPEC.md` and `docs/protocol.md` only — never from the extension's source — so
+//! Written from `docs/reference.md` and `docs/protocol.md` only — never from the extension's source — so
 //! that the two are independent: a random sequence of calls is applied to the real server and to
 //! this model, and both must give the same answer (values and SQLSTATEs) at every step and hold
 //! the same rows. Where the documents leave a choice open, the comment says which reading the

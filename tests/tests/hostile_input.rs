@@ -2156,14 +2156,14 @@ async fn leases_are_measured_the_way_the_deadline_is_computed() {
 }
 
 /// Every SQLSTATE the corpus meets must be documented (protocol.md § Inputs, the README's
-/// error table or the SPEC): PostgreSQL's own refusals included, as 22021 already is.
+/// error table or docs/reference.md): PostgreSQL's own refusals included, as 22021 already is.
 #[test]
 fn every_sqlstate_the_corpus_expects_is_documented() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let docs = [
         root.join("docs/protocol.md"),
         root.join("README.md"),
-        root.join("../shared/SPEC.md"),
+        root.join("docs/reference.md"),
     ]
     .iter()
     .filter_map(|p| std::fs::read_to_string(p).ok())

@@ -1,7 +1,7 @@
 //! The protocol, model-checked: random sequences of every call — submit, begin, complete, fail,
 //! mark_unknown, heartbeat, abandon, cancel, sweep, contracts, certifications, and leases running
 //! out — are run against a real server and against the reference model of `src/model.rs`
-//! (written from SPEC.md and docs/protocol.md, independently of the extension). Both must give
+//! (written from docs/reference.md and docs/protocol.md, independently of the extension). Both must give
 //! the same answer at every step, values and SQLSTATEs alike, and hold the same rows after every
 //! step: job states, versions, completed_by, results and errors, every attempt's state, version,
 //! result placement, and the kinds of events logged per job, in order.
