@@ -59,10 +59,16 @@ BEGIN
     IF pg_catalog.to_regclass('intent.contracts') IS NULL THEN
         RETURN;
     END IF;
+    -- Matched by schema and name (address_names: unquoted, whatever quote_all_identifiers says)
+    -- and the one jsonb argument every checker takes, never by the quoted identity text.
     SELECT k.name, d.object_identity INTO c
       FROM pg_catalog.pg_event_trigger_dropped_objects() d
-      JOIN intent.contracts k ON k.checker OPERATOR(pg_catalog.=) d.object_identity
+      JOIN intent.contracts k
+        ON (pg_catalog.parse_ident(k.checker, false))[1] OPERATOR(pg_catalog.=) d.address_names[1]
+       AND (pg_catalog.parse_ident(k.checker, false))[2] OPERATOR(pg_catalog.=) d.address_names[2]
      WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+       AND pg_catalog.cardinality(d.address_args) OPERATOR(pg_catalog.=) 1
+       AND pg_catalog.to_regtype(d.address_args[1]) OPERATOR(pg_catalog.=) 'pg_catalog.jsonb'::pg_catalog.regtype
      LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '2BP01',

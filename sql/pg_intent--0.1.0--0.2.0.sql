@@ -28,10 +28,16 @@ BEGIN
     IF pg_catalog.to_regclass('intent.contracts') IS NULL THEN
         RETURN;
     END IF;
+    -- Matched by schema and name (address_names: unquoted, whatever quote_all_identifiers says)
+    -- and the one jsonb argument every checker takes, never by the quoted identity text.
     SELECT k.name, d.object_identity INTO c
       FROM pg_catalog.pg_event_trigger_dropped_objects() d
-      JOIN intent.contracts k ON k.checker OPERATOR(pg_catalog.=) d.object_identity
+      JOIN intent.contracts k
+        ON (pg_catalog.parse_ident(k.checker, false))[1] OPERATOR(pg_catalog.=) d.address_names[1]
+       AND (pg_catalog.parse_ident(k.checker, false))[2] OPERATOR(pg_catalog.=) d.address_names[2]
      WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+       AND pg_catalog.cardinality(d.address_args) OPERATOR(pg_catalog.=) 1
+       AND pg_catalog.to_regtype(d.address_args[1]) OPERATOR(pg_catalog.=) 'pg_catalog.jsonb'::pg_catalog.regtype
      LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '2BP01',
@@ -63,10 +69,20 @@ UPDATE intent.contracts c
 -- The checker by identity. A checker that no longer exists (only a bypassed drop guard leaves
 -- one) keeps a name no function has, so its results stay rejected, and it has no owner: the
 -- constraint below then stops the update, to be repaired by redefining the contract.
-ALTER TABLE intent.contracts
-    ALTER COLUMN checker TYPE text USING COALESCE(
-        (pg_catalog.pg_identify_object('pg_catalog.pg_proc'::pg_catalog.regclass, checker::pg_catalog.oid, 0)).identity,
-        pg_catalog.format('pg_catalog.%I(pg_catalog.jsonb)', 'pg_intent: dropped checker ' OPERATOR(pg_catalog.||) checker::pg_catalog.oid::pg_catalog.text));
+-- Identities are written as every call of 0.2.0 reads them (quote_all_identifiers off),
+-- whatever the session says, and the session's setting is put back afterwards.
+DO $identity$
+DECLARE
+    quoting text := pg_catalog.current_setting('quote_all_identifiers');
+BEGIN
+    PERFORM pg_catalog.set_config('quote_all_identifiers', 'off', true);
+    ALTER TABLE intent.contracts
+        ALTER COLUMN checker TYPE text USING CASE WHEN checker IS NOT NULL THEN COALESCE(
+            (pg_catalog.pg_identify_object('pg_catalog.pg_proc'::pg_catalog.regclass, checker::pg_catalog.oid, 0)).identity,
+            pg_catalog.format('pg_catalog.%I(pg_catalog.jsonb)', 'pg_intent: dropped checker ' OPERATOR(pg_catalog.||) checker::pg_catalog.oid::pg_catalog.text)) END;
+    PERFORM pg_catalog.set_config('quote_all_identifiers', quoting, true);
+END
+$identity$;
 COMMENT ON COLUMN intent.contracts.checker IS
     'Optional STABLE or IMMUTABLE function (jsonb) -> boolean run after the schema; anything but true (false, NULL, an error) rejects the result. Stored by its identity (schema-qualified name and argument types, as pg_identify_object gives it), which pg_upgrade keeps; renaming it detaches it.';
 ALTER TABLE intent.contracts

@@ -38,6 +38,32 @@ pub struct Checker {
     pub fits: bool,
     /// STABLE or IMMUTABLE.
     pub stable: bool,
+    /// Its own `SET search_path`, if it has one, ends with `pg_temp` (see [`temp_comes_last`]).
+    pub temp_last: bool,
+}
+
+/// Whether a function's `SET search_path` clause (from `proconfig`), if any, names `pg_temp`
+/// last. A path that does not name it has PostgreSQL search the session's temporary schema
+/// *first* for tables, views and types: a checker with `SET search_path = public` would read
+/// the completing session's `CREATE TEMP TABLE allowed` instead of its own `public.allowed`.
+/// Without a clause the checker runs with `pg_catalog, pg_temp`.
+fn temp_comes_last(config: Option<Vec<Option<String>>>) -> bool {
+    let Some(settings) = config else { return true };
+    settings
+        .into_iter()
+        .flatten()
+        .filter_map(|s| {
+            s.split_once('=')
+                .filter(|(name, _)| name.eq_ignore_ascii_case("search_path"))
+                .map(|(_, value)| value.to_string())
+        })
+        .last()
+        .is_none_or(|path| {
+            path.rsplit(',')
+                .next()
+                .map(|last| last.trim().trim_matches('"') == "pg_temp")
+                .unwrap_or(false)
+        })
 }
 
 /// The checker function as the catalog has it now, or None when there is no such function.
@@ -67,6 +93,18 @@ pub fn describe(oid: pg_sys::Oid) -> Option<Checker> {
                 && !f.proretset
                 && f.prokind as u8 == pg_sys::PROKIND_FUNCTION,
             stable: f.provolatile as u8 != pg_sys::PROVOLATILE_VOLATILE,
+            temp_last: {
+                let mut isnull = false;
+                let datum = pg_sys::SysCacheGetAttr(
+                    pg_sys::SysCacheIdentifier::PROCOID as i32,
+                    tuple,
+                    pg_sys::Anum_pg_proc_proconfig as pg_sys::AttrNumber,
+                    &mut isnull,
+                );
+                temp_comes_last(
+                    pgrx::FromDatum::from_polymorphic_datum(datum, isnull, pg_sys::TEXTARRAYOID),
+                )
+            },
         };
         pg_sys::ReleaseSysCache(tuple);
         Some(Checker {
@@ -133,6 +171,11 @@ pub fn run(
     }
     if !may_execute(checker.owner, oid) {
         return Err(format!("checker {name} cannot be executed by its owner"));
+    }
+    if !checker.temp_last {
+        return Err(format!(
+            "checker {name} sets a search_path that does not end with pg_temp (the completing session's temporary tables would be found first): end it with pg_temp"
+        ));
     }
     let outcome = rolled_back(|| as_owner(checker.owner, || unsafe { call(oid, result) }));
     match outcome {

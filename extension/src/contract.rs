@@ -501,6 +501,15 @@ fn check_checker(
                 .hint("Declare it STABLE (or IMMUTABLE)."),
         );
     }
+    if !c.temp_last {
+        return Err(Refusal::bad_input(format!(
+            "checker {signature} sets a search_path that does not end with pg_temp"
+        ))
+        .detail("A search_path that does not name pg_temp has the completing session's temporary tables found first: a caller could stand in for the checker's own tables.")
+        .hint(format!(
+            "ALTER FUNCTION {signature} SET search_path = <its schemas>, pg_temp (or qualify every name it uses and drop the setting)."
+        )));
+    }
     if !crate::checker::may_execute(c.owner, oid) {
         return Err(Refusal::bad_input(format!(
             "checker {signature} cannot be executed by its owner"

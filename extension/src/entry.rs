@@ -215,6 +215,15 @@ pub(crate) struct PinnedSearchPath {
 /// The pinned value (see [`PinnedSearchPath`]).
 pub(crate) const PINNED_SEARCH_PATH: &std::ffi::CStr = c"pg_catalog, pg_temp";
 
+/// The settings every call pins, at one GUC level: the search path, and
+/// `quote_all_identifiers = off`, because a contract stores and finds its checker by the
+/// identity `pg_identify_object` writes, whose quoting that setting (which anyone may change)
+/// would otherwise alter.
+const PINNED: [(&std::ffi::CStr, &std::ffi::CStr); 2] = [
+    (c"search_path", PINNED_SEARCH_PATH),
+    (c"quote_all_identifiers", c"off"),
+];
+
 impl PinnedSearchPath {
     pub(crate) fn push() -> Self {
         // SAFETY: what fmgr_security_definer does for a function's SET clause. The value is
@@ -222,16 +231,18 @@ impl PinnedSearchPath {
         // (sub)transaction an error ends.
         let level = unsafe {
             let level = pg_sys::NewGUCNestLevel();
-            pg_sys::set_config_option(
-                c"search_path".as_ptr(),
-                PINNED_SEARCH_PATH.as_ptr(),
-                pg_sys::GucContext::PGC_USERSET,
-                pg_sys::GucSource::PGC_S_SESSION,
-                pg_sys::GucAction::GUC_ACTION_SAVE,
-                true,
-                0,
-                false,
-            );
+            for (name, value) in PINNED {
+                pg_sys::set_config_option(
+                    name.as_ptr(),
+                    value.as_ptr(),
+                    pg_sys::GucContext::PGC_USERSET,
+                    pg_sys::GucSource::PGC_S_SESSION,
+                    pg_sys::GucAction::GUC_ACTION_SAVE,
+                    true,
+                    0,
+                    false,
+                );
+            }
             level
         };
         PinnedSearchPath { level }

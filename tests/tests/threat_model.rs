@@ -548,7 +548,7 @@ async fn a_checker_runs_with_its_own_search_path_never_the_callers() {
          CREATE TABLE kinds.allowed (kind text);
          INSERT INTO kinds.allowed VALUES ('cat');
          CREATE FUNCTION kinds.known(r jsonb) RETURNS boolean LANGUAGE sql STABLE
-             SET search_path = kinds AS $$ SELECT r->>'kind' IN (SELECT kind FROM allowed) $$;
+             SET search_path = kinds, pg_temp AS $$ SELECT r->>'kind' IN (SELECT kind FROM allowed) $$;
          CREATE FUNCTION kinds.unqualified(r jsonb) RETURNS boolean LANGUAGE plpgsql STABLE AS $$
              BEGIN RETURN r->>'kind' IN (SELECT kind FROM allowed); END $$;
          SELECT intent.define_contract('kinds', '{\"type\": \"object\"}', 'kinds.known(jsonb)');
@@ -586,6 +586,109 @@ async fn a_checker_runs_with_its_own_search_path_never_the_callers() {
             );
         }
     }
+    // The completing session's temporary table named like the checker's own never stands in
+    // for it: with pg_temp last it is not found before kinds.allowed. (A checker that leaves a
+    // name to fall through to pg_temp, as kinds.unqualified does, can be fed one: a known
+    // limit of docs/security.md § 3, as for any SECURITY DEFINER function.)
+    let c = db_client(&s.db, "public").await;
+    c.batch_execute(
+        "CREATE TEMP TABLE allowed (kind text); INSERT INTO allowed VALUES ('dog');
+         GRANT SELECT ON allowed TO PUBLIC;",
+    )
+    .await
+    .unwrap();
+    for contract in ["kinds"] {
+        let v: bool = c
+            .query_one(
+                "SELECT valid FROM intent.validate_result($1, '{\"kind\": \"dog\"}')",
+                &[&contract],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(!v, "{contract}: the caller's temp table was read");
+    }
+    // A search_path without pg_temp last puts the caller's temporary tables first: refused
+    // when defined (22023), and rejected when set afterwards.
+    s.su.batch_execute(
+        "CREATE FUNCTION kinds.temp_first(r jsonb) RETURNS boolean LANGUAGE sql STABLE
+             SET search_path = kinds AS $$ SELECT r->>'kind' IN (SELECT kind FROM allowed) $$;",
+    )
+    .await
+    .unwrap();
+    let e = expect_error(
+        &s.su,
+        "SELECT intent.define_contract('temp-first', '{}', 'kinds.temp_first(jsonb)')",
+        &[],
+    )
+    .await;
+    assert_eq!(e.code, "22023", "{e:?}");
+    assert!(e.message.contains("does not end with pg_temp"), "{e:?}");
+    s.su.batch_execute("ALTER FUNCTION kinds.known(jsonb) SET search_path = kinds")
+        .await
+        .unwrap();
+    let (v, errors): (bool, String) = {
+        let r = c
+            .query_one(
+                "SELECT valid, errors::text FROM intent.validate_result('kinds', '{\"kind\": \"dog\"}')",
+                &[],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert!(!v && errors.contains("does not end with pg_temp"), "{errors}");
+}
+
+/// Boundary: any session ↔ a contract's checker. Route: `quote_all_identifiers`, which changes
+/// how PostgreSQL writes identities (a contract stores its checker by identity): on in the
+/// defining, completing or dropping session, it must neither detach a checker nor get one
+/// past the drop guard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quoting_settings_neither_detach_nor_unguard_a_checker() {
+    let s = scene("tm_quoting").await;
+    s.su.batch_execute(
+        "SET quote_all_identifiers = on;
+         CREATE FUNCTION public.q_check(r jsonb) RETURNS boolean LANGUAGE sql STABLE
+             AS $$ SELECT r ? 'n' $$;
+         SELECT intent.define_contract('quoted', '{}', 'public.q_check(jsonb)');",
+    )
+    .await
+    .unwrap();
+    let stored: String = s
+        .su
+        .query_one("SELECT checker FROM intent.contracts WHERE name = 'quoted'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stored, "public.q_check(pg_catalog.jsonb)");
+    for quoting in ["on", "off"] {
+        let c = s.db.connect().await;
+        c.batch_execute(&format!("SET quote_all_identifiers = {quoting}"))
+            .await
+            .unwrap();
+        let (v, errors): (bool, String) = {
+            let r = c
+                .query_one(
+                    "SELECT valid, errors::text FROM intent.validate_result('quoted', '{\"n\": 1}')",
+                    &[],
+                )
+                .await
+                .unwrap();
+            (r.get(0), r.get(1))
+        };
+        assert!(v, "quote_all_identifiers = {quoting}: {errors}");
+        let e = expect_error(&c, "DROP FUNCTION public.q_check(jsonb)", &[]).await;
+        assert_eq!(e.code, "2BP01", "quote_all_identifiers = {quoting}: {e:?}");
+    }
+    // An overload that is not the checker drops as usual.
+    s.su.batch_execute(
+        "SET quote_all_identifiers = on;
+         CREATE FUNCTION public.q_check(r text) RETURNS boolean LANGUAGE sql STABLE AS 'SELECT true';
+         DROP FUNCTION public.q_check(text);",
+    )
+    .await
+    .unwrap();
 }
 
 async fn db_client(db: &Db<'_>, search_path: &str) -> Client {
