@@ -7,13 +7,18 @@
 #
 # Checks:
 #   1. sql/releases/SHA256SUMS lists every released script, and each matches its checksum;
-#   2. with git history, each listed file is unchanged since the commit that added it;
+#   2. with git history, each listed file is unchanged since the commit that released it (the
+#      one that first listed it in SHA256SUMS);
 #   3. every upgrade script whose target version is released is listed.
-# The current version's generated install script is compared with its released copy by
-# scripts/lib.sh (install_extension), after cargo pgrx has generated it.
+# And, called by scripts/lib.sh (install_extension) after cargo pgrx has generated the current
+# version's install script: if that version is released, the generated script must hold
+# exactly the released one's SQL. cargo pgrx orders independent blocks differently from one
+# build to the next (and per major) and labels each with its source line, so the comparison
+# is of the blocks as a set, without those labels.
 #
-# Usage: bash scripts/check_releases.sh            check this tree
-#        bash scripts/check_releases.sh self-test  show that an edit is refused
+# Usage: bash scripts/check_releases.sh                       check this tree
+#        bash scripts/check_releases.sh self-test             show that an edit is refused
+#        bash scripts/check_releases.sh generated FILE VERSION  compare a generated script
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -35,8 +40,9 @@ check() { # check DIR: the repository to check
   done
   if git -C "$dir" rev-parse --git-dir >/dev/null 2>&1 && [ "$(git -C "$dir" rev-parse --is-shallow-repository)" = false ]; then
     while read -r _ f; do
-      first="$(git -C "$dir" log --diff-filter=A --format=%H -- "sql/$f" | tail -n 1)"
-      [ -n "$first" ] || continue # added by the change being checked
+      # Released by the commit that first listed it in SHA256SUMS.
+      first="$(git -C "$dir" log --format=%H -S "  $f" -- sql/releases/SHA256SUMS | tail -n 1)"
+      [ -n "$first" ] || continue # released by the change being checked
       if ! git -C "$dir" show "$first:sql/$f" | cmp -s - "$sql/$f"; then
         echo "release check: sql/$f was changed after its release in $first (released scripts are never edited)" >&2
         status=1
@@ -47,6 +53,34 @@ check() { # check DIR: the repository to check
   fi
   return "$status"
 }
+
+same_sql() { # same_sql A B: the same blocks of SQL, in any order, source labels aside
+  python3 - "$1" "$2" <<'PY'
+import re, sys
+def blocks(path):
+    text = open(path).read()
+    parts = re.split(r"^/\* <begin connected objects> \*/$", text, flags=re.M)
+    return sorted("\n".join(l for l in p.splitlines() if not re.match(r"^-- \S+\.rs:\d+$", l)).strip()
+                  for p in parts if p.strip())
+a, b = blocks(sys.argv[1]), blocks(sys.argv[2])
+if a != b:
+    only_a = [x for x in a if x not in b]
+    only_b = [x for x in b if x not in a]
+    for x in only_a[:3]: print("released only:\n" + x[:600] + "\n", file=sys.stderr)
+    for x in only_b[:3]: print("generated only:\n" + x[:600] + "\n", file=sys.stderr)
+    sys.exit(1)
+PY
+}
+
+if [ "${1:-}" = generated ]; then
+  released="$ROOT/sql/releases/pg_intent--$3.sql"
+  [ -f "$released" ] || exit 0 # not released yet: nothing to compare with
+  same_sql "$released" "$2" || {
+    echo "release check: the code generates another install script for $3 than the one released ($released): give the change a new version and an upgrade script" >&2
+    exit 1
+  }
+  exit 0
+fi
 
 if [ "${1:-}" = self-test ]; then
   tmp="$(mktemp -d)"

