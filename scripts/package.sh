@@ -40,6 +40,7 @@ build_deb() { # build_deb MAJOR: expects the extension installed for MAJOR (inst
 Package: $pkg
 Version: $VERSION
 Architecture: amd64
+Installed-Size: $(du -sk --exclude=DEBIAN "$stage" | cut -f1)
 Maintainer: pg_intent developers <pg-intent@invalid>
 Depends: postgresql-$major, libc6 (>= $glibc), libgcc-s1
 Section: database
@@ -63,7 +64,7 @@ if [ "${1:-}" = test ]; then
   deb="$(build_deb "$DEFAULT_MAJOR")"
   dpkg-deb --info "$deb" | grep -q "Depends: postgresql-$DEFAULT_MAJOR," || die "the package does not depend on postgresql-$DEFAULT_MAJOR"
   log "apt-get install $deb"
-  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q --no-download "$deb" >/dev/null
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q "$deb" >/dev/null
   dpkg-query -W -f='${Status}\n' "postgresql-$DEFAULT_MAJOR-pg-intent" | grep -q "install ok installed" || die "the package is not installed"
   start_cluster
   "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -c "CREATE EXTENSION pg_intent" \
