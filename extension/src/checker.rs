@@ -101,9 +101,11 @@ pub fn describe(oid: pg_sys::Oid) -> Option<Checker> {
                     pg_sys::Anum_pg_proc_proconfig as pg_sys::AttrNumber,
                     &mut isnull,
                 );
-                temp_comes_last(
-                    pgrx::FromDatum::from_polymorphic_datum(datum, isnull, pg_sys::TEXTARRAYOID),
-                )
+                temp_comes_last(pgrx::FromDatum::from_polymorphic_datum(
+                    datum,
+                    isnull,
+                    pg_sys::TEXTARRAYOID,
+                ))
             },
         };
         pg_sys::ReleaseSysCache(tuple);

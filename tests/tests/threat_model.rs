@@ -637,7 +637,10 @@ async fn a_checker_runs_with_its_own_search_path_never_the_callers() {
             .unwrap();
         (r.get(0), r.get(1))
     };
-    assert!(!v && errors.contains("does not end with pg_temp"), "{errors}");
+    assert!(
+        !v && errors.contains("does not end with pg_temp"),
+        "{errors}"
+    );
 }
 
 /// Boundary: any session ↔ a contract's checker. Route: `quote_all_identifiers`, which changes
@@ -655,9 +658,11 @@ async fn quoting_settings_neither_detach_nor_unguard_a_checker() {
     )
     .await
     .unwrap();
-    let stored: String = s
-        .su
-        .query_one("SELECT checker FROM intent.contracts WHERE name = 'quoted'", &[])
+    let stored: String =
+        s.su.query_one(
+            "SELECT checker FROM intent.contracts WHERE name = 'quoted'",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
