@@ -57,7 +57,7 @@ fn temp_comes_last(config: Option<Vec<Option<String>>>) -> bool {
                 .filter(|(name, _)| name.eq_ignore_ascii_case("search_path"))
                 .map(|(_, value)| value.to_string())
         })
-        .last()
+        .next_back()
         .is_none_or(|path| {
             path.rsplit(',')
                 .next()

@@ -429,6 +429,21 @@ pub fn one_row_each(
     pg_sys::Datum::from(0usize)
 }
 
+/// The `i`th attribute of a tuple descriptor (PostgreSQL 18 put the compact attributes first,
+/// so the array moved: this is its TupleDescAttr).
+unsafe fn attribute(desc: pg_sys::TupleDesc, i: usize) -> *const pg_sys::FormData_pg_attribute {
+    // SAFETY: `i` is below natts (the callers' loops say so).
+    unsafe {
+        #[cfg(not(feature = "pg18"))]
+        let attr = (*desc).attrs.as_ptr().add(i);
+        #[cfg(feature = "pg18")]
+        let attr = ((*desc).compact_attrs.as_ptr().add((*desc).natts as usize)
+            as *const pg_sys::FormData_pg_attribute)
+            .add(i);
+        attr
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -442,20 +457,5 @@ mod tests {
         };
         assert_eq!(super::sqlstate("22023"), make(b"22023"));
         assert_eq!(super::sqlstate("IJ001"), make(b"IJ001"));
-    }
-}
-
-/// The `i`th attribute of a tuple descriptor (PostgreSQL 18 put the compact attributes first,
-/// so the array moved: this is its TupleDescAttr).
-unsafe fn attribute(desc: pg_sys::TupleDesc, i: usize) -> *const pg_sys::FormData_pg_attribute {
-    // SAFETY: `i` is below natts (the callers' loops say so).
-    unsafe {
-        #[cfg(not(feature = "pg18"))]
-        let attr = (*desc).attrs.as_ptr().add(i);
-        #[cfg(feature = "pg18")]
-        let attr = ((*desc).compact_attrs.as_ptr().add((*desc).natts as usize)
-            as *const pg_sys::FormData_pg_attribute)
-            .add(i);
-        attr
     }
 }
