@@ -43,6 +43,6 @@ SELECT s.n, (SELECT result FROM intent.submit_job('vg', 'k' || s.n, 'gpu', '{}')
 SELECT count(*) FILTER (WHERE late_result = s.doc AND winning_result = s.doc) AS same, count(*) AS of
   FROM intent.lost_races r JOIN sizes s ON r.idempotency_key = 'k' || s.n;
 -- Validation of large results against a contract with a checker.
-CREATE FUNCTION pg_temp.has_v(r jsonb) RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT r ? 'v' $$;
-SELECT intent.define_contract('vg-shape', '{"type": "object", "required": ["v"]}', 'pg_temp.has_v(jsonb)');
+CREATE FUNCTION public.has_v(r jsonb) RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT r ? 'v' $$;
+SELECT intent.define_contract('vg-shape', '{"type": "object", "required": ["v"]}', 'public.has_v(jsonb)');
 SELECT n, (SELECT valid FROM intent.validate_result('vg-shape', doc)) FROM sizes ORDER BY n;
