@@ -463,18 +463,7 @@ async fn a_replaced_checker_runs_with_its_owners_rights_and_leaves_nothing() {
             .unwrap();
         (r.get(0), r.get(1), r.get(2))
     };
-    let job = submit_full(
-        &s.su,
-        "victim",
-        "busy",
-        "gpu",
-        &json!({}),
-        Some("vetted"),
-        3,
-    )
-    .await
-    .unwrap();
-    let a = begin(&s.su, job.job_id, None, "1 hour").await.unwrap();
+    let (_job, a) = begun(&s.su, "victim", "busy", "vetted").await;
     assert_eq!(
         complete(&s.su, a.attempt_id, 1, &json!({})).await.unwrap(),
         "won"
@@ -510,18 +499,7 @@ async fn a_replaced_checker_runs_with_its_owners_rights_and_leaves_nothing() {
     c.batch_execute("ALTER FUNCTION co.check(jsonb) VOLATILE")
         .await
         .unwrap();
-    let job = submit_full(
-        &s.su,
-        "victim",
-        "volatile",
-        "gpu",
-        &json!({}),
-        Some("vetted"),
-        3,
-    )
-    .await
-    .unwrap();
-    let a = begin(&s.su, job.job_id, None, "1 hour").await.unwrap();
+    let (_job, a) = begun(&s.su, "victim", "volatile", "vetted").await;
     assert_eq!(
         complete(&s.su, a.attempt_id, 1, &json!({})).await.unwrap(),
         "rejected"
@@ -993,18 +971,7 @@ async fn a_checker_sees_no_owners_rows() {
     .await
     .unwrap();
     // Completed by an unbound worker: the checker sees nothing.
-    let job = submit_full(
-        &s.su,
-        "tenant-a",
-        "checked",
-        "gpu",
-        &json!({}),
-        Some("sees"),
-        3,
-    )
-    .await
-    .unwrap();
-    let a = begin(&s.su, job.job_id, None, "1 hour").await.unwrap();
+    let (_job, a) = begun(&s.su, "tenant-a", "checked", "sees").await;
     assert_eq!(
         complete(&s.su, a.attempt_id, 1, &json!({})).await.unwrap(),
         "won"
@@ -1023,18 +990,7 @@ async fn a_checker_sees_no_owners_rows() {
     assert!(valid);
     // Through parallel workers of the checker's own query: the checker's rejection tells what
     // it saw. Never another owner's rows.
-    let job = submit_full(
-        &s.su,
-        "tenant-a",
-        "leaky",
-        "gpu",
-        &json!({}),
-        Some("leaks"),
-        3,
-    )
-    .await
-    .unwrap();
-    let a = begin(&s.su, job.job_id, None, "1 hour").await.unwrap();
+    let (_job, a) = begun(&s.su, "tenant-a", "leaky", "leaks").await;
     assert_eq!(
         complete(&s.su, a.attempt_id, 1, &json!({})).await.unwrap(),
         "rejected"
@@ -1370,4 +1326,14 @@ async fn a_rolled_back_binding_does_not_stick() {
         .get(0);
     assert_eq!(after, None, "bound after the rollback (inside: {inside:?})");
     submit(&su, "anyone", "k", "gpu", &json!({})).await.unwrap();
+}
+
+/// A new job of `owner` under `contract` (three attempts allowed) and its first attempt, begun
+/// with a one-hour lease.
+async fn begun(c: &Client, owner: &str, key: &str, contract: &str) -> (Submitted, Begun) {
+    let job = submit_full(c, owner, key, "gpu", &json!({}), Some(contract), 3)
+        .await
+        .unwrap();
+    let a = begin(c, job.job_id, None, "1 hour").await.unwrap();
+    (job, a)
 }
