@@ -103,7 +103,7 @@ log "cargo clippy --all-targets -D warnings"
 cargo clippy --workspace --all-targets -q -- -D warnings
 
 log "unit tests, and the client's and test provider's tests (real clusters of their own)"
-cargo test -q -p pg_intent_id -p pg_intent_client -p pg_intent_test_provider
+cargo test -q -p pg_intent_protocol -p pg_intent_client -p pg_intent_test_provider
 
 start_cluster
 bash "$ROOT/scripts/regress.sh"

@@ -61,7 +61,7 @@ pub async fn submit_job<R: DeserializeOwned>(
 ) -> Result<Submitted<R>, Error> {
     let params = JsonArg::new(job.params)?;
     let max_attempts = i32::from(job.max_attempts);
-    let cx = Context::job(Uuid::from_bytes(pg_intent_id::job_id_unchecked(
+    let cx = Context::job(Uuid::from_bytes(pg_intent_protocol::job_id_unchecked(
         job.owner_id,
         job.idempotency_key,
     )));

@@ -30,7 +30,7 @@
 //!   database judge every output ([`validate_result`]), and calls [`certify_provider`] with the
 //!   evidence only when every run of every case passed.
 //! * **Ids before the database**: [`job_id`] and [`attempt_id`] compute the SPEC's derived ids
-//!   (from [`pg_intent_id`]), so a load balancer or a log line can name a job first.
+//!   (from [`pg_intent_protocol`]), so a load balancer or a log line can name a job first.
 //!
 //! # Connections, transactions and pools
 //!
@@ -134,8 +134,8 @@ pub use types::{
 };
 pub use worker::{Failover, Run, WorkError, Worker};
 
-pub use pg_intent_id;
-pub use pg_intent_id::{IdError, MAX_ATTEMPT_NO, MAX_NAME_CHARS};
+pub use pg_intent_protocol;
+pub use pg_intent_protocol::{IdError, MAX_ATTEMPT_NO, MAX_NAME_CHARS};
 pub use uuid::Uuid;
 
 /// The job id of `(owner_id, idempotency_key)`, exactly as the database derives it.
@@ -145,7 +145,7 @@ pub use uuid::Uuid;
 /// assert_eq!(id.to_string(), "62ccd04c-f6e5-82dd-aeee-a9dac8090000");
 /// ```
 pub fn job_id(owner_id: &str, idempotency_key: &str) -> Result<Uuid, IdError> {
-    pg_intent_id::job_id(owner_id, idempotency_key).map(Uuid::from_bytes)
+    pg_intent_protocol::job_id(owner_id, idempotency_key).map(Uuid::from_bytes)
 }
 
 /// The id of attempt `attempt_no` (1–65535) of `job_id`.
@@ -156,17 +156,17 @@ pub fn job_id(owner_id: &str, idempotency_key: &str) -> Result<Uuid, IdError> {
 /// assert_eq!(a1.to_string(), "62ccd04c-f6e5-82dd-aeee-a9dac8090001");
 /// ```
 pub fn attempt_id(job_id: Uuid, attempt_no: u16) -> Result<Uuid, IdError> {
-    pg_intent_id::attempt_id(*job_id.as_bytes(), i64::from(attempt_no)).map(Uuid::from_bytes)
+    pg_intent_protocol::attempt_id(*job_id.as_bytes(), i64::from(attempt_no)).map(Uuid::from_bytes)
 }
 
 /// The job an attempt id belongs to.
 pub fn job_of(attempt_id: Uuid) -> Result<Uuid, IdError> {
-    pg_intent_id::job_of(*attempt_id.as_bytes()).map(Uuid::from_bytes)
+    pg_intent_protocol::job_of(*attempt_id.as_bytes()).map(Uuid::from_bytes)
 }
 
 /// The attempt number in an id (0 for a job id).
 pub fn attempt_no_of(id: Uuid) -> u16 {
-    pg_intent_id::attempt_no_of(*id.as_bytes())
+    pg_intent_protocol::attempt_no_of(*id.as_bytes())
 }
 
 #[cfg(test)]

@@ -204,7 +204,7 @@ impl<'a, P: ?Sized> NewJob<'a, P> {
     }
 
     /// The job id the database will give this intent, computed here without asking it.
-    pub fn job_id(&self) -> Result<Uuid, pg_intent_id::IdError> {
+    pub fn job_id(&self) -> Result<Uuid, pg_intent_protocol::IdError> {
         crate::job_id(self.owner_id, self.idempotency_key)
     }
 }

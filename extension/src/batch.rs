@@ -187,7 +187,7 @@ fn submit_jobs(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
             crate::owner::check_acting_for(owner_id)?;
             Ok(Item {
                 ord,
-                job_id: Uuid::from_bytes(pg_intent_id::job_id_unchecked(owner_id, key)),
+                job_id: Uuid::from_bytes(pg_intent_protocol::job_id_unchecked(owner_id, key)),
                 owner_id: owner_id.to_string(),
                 key: key.to_string(),
                 provider: provider.to_string(),

@@ -105,7 +105,7 @@ fn begin(
         }
         let attempt_no = job.attempt_count + 1;
         let attempt_id = Uuid::from_bytes(
-            pg_intent_id::attempt_id(*job_id.as_bytes(), i64::from(attempt_no))
+            pg_intent_protocol::attempt_id(*job_id.as_bytes(), i64::from(attempt_no))
                 .expect("attempt_no is within 1..=max_attempts <= 65535"),
         );
         let row = plans::first(plans::run(

@@ -3,7 +3,7 @@
 
 use crate::jsonb::Jsonb;
 use crate::refusal::{Answer, Refusal};
-use pg_intent_id::MAX_NAME_CHARS;
+use pg_intent_protocol::MAX_NAME_CHARS;
 use pgrx::datum::Interval;
 
 /// The largest params, error, evidence or schema document accepted, in bytes (detoasted).

@@ -115,7 +115,7 @@ pub fn lock(client: &mut SpiClient<'_>, job_id: Uuid) -> Answer<Job> {
 
 /// Locks the job an attempt id names, or refuses with IJ007 for either.
 pub fn lock_for_attempt(client: &mut SpiClient<'_>, attempt_id: Uuid) -> Answer<(Job, Attempt)> {
-    let job_id = match pg_intent_id::job_of(*attempt_id.as_bytes()) {
+    let job_id = match pg_intent_protocol::job_of(*attempt_id.as_bytes()) {
         Ok(bytes) => Uuid::from_bytes(bytes),
         Err(_) => return Err(no_such_attempt(attempt_id)),
     };

@@ -95,7 +95,7 @@ fn submit(
     let contract = input::optional_name("contract", contract)?;
     let max_attempts = input::max_attempts(max_attempts)?;
     crate::owner::check_acting_for(owner_id)?;
-    let job_id = Uuid::from_bytes(pg_intent_id::job_id_unchecked(owner_id, key));
+    let job_id = Uuid::from_bytes(pg_intent_protocol::job_id_unchecked(owner_id, key));
 
     Spi::connect_mut(|client| {
         if let Some(contract) = contract {

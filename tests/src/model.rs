@@ -446,11 +446,11 @@ pub fn job_of(attempt_id: Uuid) -> (Uuid, i32) {
 
 /// The SPEC's derivations, through the shared id crate (not the extension).
 pub fn job_id(owner: &str, key: &str) -> Uuid {
-    Uuid::from_bytes(pg_intent_id::job_id_unchecked(owner, key))
+    Uuid::from_bytes(pg_intent_protocol::job_id_unchecked(owner, key))
 }
 
 pub fn attempt_id(job_id: Uuid, no: i64) -> Uuid {
-    Uuid::from_bytes(pg_intent_id::attempt_id(*job_id.as_bytes(), no).expect("attempt_no"))
+    Uuid::from_bytes(pg_intent_protocol::attempt_id(*job_id.as_bytes(), no).expect("attempt_no"))
 }
 
 /// The error kept for a rejected result, as far as the model knows it (the extension adds the

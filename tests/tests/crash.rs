@@ -592,7 +592,7 @@ async fn check_acknowledged(c: &Client, acked: &Acked, v: &Violations, cycle: us
     let mut winners: HashMap<Uuid, Uuid> = HashMap::new();
     for id in &acked.won {
         checked += 1;
-        let job = Uuid::from_bytes(pg_intent_id::job_of(*id.as_bytes()).expect("attempt id"));
+        let job = Uuid::from_bytes(pg_intent_protocol::job_of(*id.as_bytes()).expect("attempt id"));
         if let Some(other) = winners.insert(job, *id) {
             v.push(at(format!(
                 "job {job}: attempts {other} and {id} were both told won"
