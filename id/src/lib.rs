@@ -1,4 +1,9 @@
-//! The one identity of pg_intent, shared by every layer.
+//! What every layer of pg_intent must agree on: the ids, the states and their transitions
+//! ([`state`]), the limits ([`limits`]), the SQLSTATEs with their HTTP statuses
+//! ([`sqlstate`]), and the facts a refusal carries ([`facts`]). The extension, the client, the
+//! gateway and the tests all take them from here.
+//!
+//! ## Ids
 //!
 //! A job id is derived from the intent, never random, so that a load balancer, an API handler,
 //! the database, a worker and a log line can all name a job before the database is asked
@@ -19,12 +24,15 @@
 
 use sha2::{Digest, Sha256};
 
-/// The largest attempt number: it must fit in the id's last two bytes.
-pub const MAX_ATTEMPT_NO: u32 = 65_535;
+pub mod facts;
+pub mod limits;
+pub mod sqlstate;
+pub mod state;
 
-/// The longest owner id, idempotency key or provider name, in characters (Unicode scalar values,
-/// as PostgreSQL's `char_length` counts them).
-pub const MAX_NAME_CHARS: usize = 255;
+pub use facts::Facts;
+pub use limits::{MAX_ATTEMPT_NO, MAX_NAME_CHARS};
+pub use sqlstate::SqlState;
+pub use state::{AttemptState, Completion, EventKind, FingerprintField, JobState, UnknownLabel};
 
 /// Why an input cannot be turned into an id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,9 +171,36 @@ pub fn format_uuid(b: [u8; 16]) -> String {
     s
 }
 
+/// Parses the way PostgreSQL prints a `uuid` (lower- or upper-case hex, with the four dashes).
+pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
+    let hex: Vec<u8> = s.bytes().filter(|b| *b != b'-').collect();
+    if s.len() != 36
+        || hex.len() != 32
+        || !hex.iter().all(u8::is_ascii_hexdigit)
+        || [8, 13, 18, 23].iter().any(|&i| s.as_bytes()[i] != b'-')
+    {
+        return None;
+    }
+    let mut b = [0u8; 16];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        b[i] = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(b)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn uuids_round_trip() {
+        let job = job_id("alice", "click-1").unwrap();
+        assert_eq!(parse_uuid(&format_uuid(job)), Some(job));
+        assert_eq!(parse_uuid(&format_uuid(job).to_uppercase()), Some(job));
+        assert_eq!(parse_uuid("62ccd04c-f6e5-82dd-aeee-a9dac809000"), None);
+        assert_eq!(parse_uuid("62ccd04cf-6e5-82dd-aeee-a9dac8090000"), None);
+        assert_eq!(parse_uuid("+2ccd04c-f6e5-82dd-aeee-a9dac8090000"), None);
+    }
 
     /// The SPEC's test vectors: every layer must reproduce them.
     const VECTORS: &[(&str, &str, &str)] = &[
