@@ -10,8 +10,11 @@
 use crate::entry::{arg, enum_value, one_row_each};
 use crate::input;
 use crate::jsonb::{CallJsonb, Jsonb};
-use crate::plans::{self, Statement};
-use crate::refusal::{Answer, Refusal};
+use crate::plans::{self, Name, Statement};
+use crate::refusal::{self, Answer, Refusal};
+use crate::state::{JobState, lapsed_sql};
+use crate::submit::{Comparison, verdict};
+use pg_intent_protocol::limits::{MAX_BATCH, MAX_BATCH_PARAMS_BYTES, MAX_BATCH_RESULT_BYTES};
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -19,18 +22,16 @@ use pgrx::spi::SpiClient;
 use pgrx::{IntoDatum, Uuid};
 use std::collections::{HashMap, HashSet};
 
-/// The most intents one call accepts.
-const MAX_BATCH: usize = 10_000;
+// The batch limits (MAX_BATCH, MAX_BATCH_PARAMS_BYTES, MAX_BATCH_RESULT_BYTES) are shared
+// with every layer. Results are held in the call's memory and in the rows it returns, so a
+// batch of replays of 16 MiB results must not exhaust the server's memory or disk; params are
+// passed to the database again by every round.
 
-/// The most bytes of stored results one call returns (detoasted, counted for every row that
-/// returns one): they are held in the call's memory and in the rows it returns, and a batch of
-/// replays of 16 MiB results must not exhaust the server's memory or disk. Intents past it, in
-/// batch order, are refused (54000).
-const MAX_BATCH_RESULT_BYTES: usize = 64 * 1024 * 1024;
-
-/// The most bytes of params one call takes (detoasted, all intents together): each round of the
-/// call passes them to the database again. A call over it is refused whole (54000).
-const MAX_BATCH_PARAMS_BYTES: usize = 64 * 1024 * 1024;
+/// How many rounds of lookup-then-insert a batch makes. Round 1 answers replays and inserts the
+/// first occurrence of each new key; round 2 answers the repeated keys of the batch and the keys
+/// a concurrent caller inserted first; each further round is another concurrent purge of a key
+/// (as [`crate::submit`]'s rounds). Past these, an intent is told to retry (`40001`).
+const BATCH_ROUNDS: usize = 4;
 
 /// The results a batch has copied so far (one copy per job), and the bytes its rows return.
 #[derive(Default)]
@@ -41,8 +42,9 @@ struct Results {
 
 /// The existing jobs of a set of keys, with each intent's fingerprint compared in SQL.
 static FIND_JOBS: Statement = Statement {
-    slot: 40,
-    sql: "SELECT u.i::int4,
+    name: Name::FindJobs,
+    sql: concat!(
+        "SELECT u.i::int4,
                  j.owner_id = u.o AND j.idempotency_key = u.k,
                  j.provider = u.p,
                  j.params = u.pa,
@@ -51,13 +53,14 @@ static FIND_JOBS: Statement = Statement {
                  j.version,
                  j.result,
                  j.state = 'running' AND EXISTS (
-                     SELECT 1 FROM intent.attempts a
-                      WHERE a.job_id = j.id AND a.state = 'started'
-                        AND a.deadline <= statement_timestamp())
+                     SELECT 1 FROM intent.attempts a WHERE a.job_id = j.id AND ",
+        lapsed_sql!("a"),
+        ")
             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::text[], $7::int8[])
                  AS u(id, o, k, p, pa, c, i)
             JOIN intent.jobs j ON j.id = u.id
-           ORDER BY u.i",
+           ORDER BY u.i"
+    ),
     args: &[
         pg_sys::UUIDARRAYOID,
         pg_sys::TEXTARRAYOID,
@@ -74,7 +77,7 @@ static FIND_JOBS: Statement = Statement {
 /// in id order, whatever the order of the arrays: two batches that share keys then meet them in
 /// the same order, so one waits for the other instead of each waiting for the other (40P01).
 static INSERT_JOBS: Statement = Statement {
-    slot: 41,
+    name: Name::InsertJobs,
     sql: "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts,
                                    version, created_at, updated_at)
           SELECT u.id, o, k, p, pa, c, m, coalesce(r.version + 1, 1), statement_timestamp(), statement_timestamp()
@@ -97,7 +100,7 @@ static INSERT_JOBS: Statement = Statement {
 
 /// The defined contracts among the names a batch uses.
 static DEFINED_CONTRACTS: Statement = Statement {
-    slot: 42,
+    name: Name::DefinedContracts,
     sql: "SELECT name::text FROM intent.contracts WHERE name = ANY ($1::text[])",
     args: &[pg_sys::TEXTARRAYOID],
 };
@@ -118,12 +121,17 @@ struct Item {
 struct Outcome {
     job_id: Option<Uuid>,
     created: bool,
-    state: String,
+    state: JobState,
     version: i64,
     result: Option<Jsonb>,
 }
 
-crate::entry::sql_function!(intent_submit_jobs, pg_finfo_intent_submit_jobs, submit_jobs);
+crate::entry::sql_function!(
+    intent_submit_jobs,
+    pg_finfo_intent_submit_jobs,
+    submit_jobs,
+    c"intent.submit_jobs"
+);
 
 /// `intent.submit_jobs(owner_ids, idempotency_keys, providers, params, contracts, max_attempts)`.
 fn submit_jobs(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
@@ -174,7 +182,7 @@ fn submit_jobs(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
     for ord in 0..n {
         let contract = contracts.as_ref().and_then(|c| c[ord].as_deref());
         let max = match &max_attempts {
-            None => Some(3),
+            None => Some(i32::from(pg_intent_protocol::limits::DEFAULT_MAX_ATTEMPTS)),
             Some(m) => m[ord],
         };
         let checked = (|| {
@@ -204,11 +212,9 @@ fn submit_jobs(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
 
     Spi::connect_mut(|client| {
         refuse_undefined_contracts(client, &mut items, &mut answers);
-        // Round 1 answers replays; the insert creates the first occurrence of each new key;
-        // later rounds answer repeated keys and keys a concurrent caller inserted first.
         let mut pending = items;
         let mut results = Results::default();
-        for _ in 0..4 {
+        for _ in 0..BATCH_ROUNDS {
             if pending.is_empty() {
                 break;
             }
@@ -221,11 +227,7 @@ fn submit_jobs(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
             pending.retain(|item| answers[item.ord].is_none());
         }
         for item in pending {
-            answers[item.ord] = Some(Err(Refusal::serialization_failure(format!(
-                "job {} kept disappearing while it was being submitted",
-                item.job_id
-            ))
-            .hint("Retry the transaction.")));
+            answers[item.ord] = Some(Err(refusal::kept_disappearing(item.job_id)));
         }
     });
 
@@ -236,7 +238,7 @@ fn submit_jobs(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
                 ordinality,
                 o.job_id.and_then(IntoDatum::into_datum),
                 o.created.into_datum(),
-                Some(enum_value(types[3], &o.state)),
+                Some(enum_value(types[3], o.state.as_str())),
                 o.version.into_datum(),
                 o.result.and_then(IntoDatum::into_datum),
                 None,
@@ -250,9 +252,9 @@ fn submit_jobs(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
                 None,
                 None,
                 None,
-                r.code.into_datum(),
-                r.message.into_datum(),
-                r.detail.into_datum(),
+                r.code.code().into_datum(),
+                r.message.as_str().into_datum(),
+                r.full_detail().into_datum(),
             ],
         }
     }))
@@ -310,31 +312,32 @@ fn find(
         };
         let ord = row.get::<i32>(1).ok().flatten().expect("ordinality") as usize;
         let item = by_ord[&ord];
-        if !get_bool(2) {
-            answers[ord] = Some(Err(Refusal::idempotency_conflict(format!(
-                "job id {} is already taken by another (owner_id, idempotency_key)",
-                item.job_id
-            ))
-            .detail("Two different keys derived the same job id.")
-            .hint("Use another idempotency key.")));
-            continue;
-        }
-        let differ: Vec<&str> = [(3, "provider"), (4, "params"), (5, "contract")]
-            .into_iter()
-            .filter(|(n, _)| !get_bool(*n))
-            .map(|(_, f)| f)
-            .collect();
-        if !differ.is_empty() {
-            answers[ord] = Some(Err(crate::submit::conflict(
-                item.job_id,
-                &item.owner_id,
-                &item.key,
-                &differ,
-            )));
-            continue;
-        }
-        let lapsed = get_bool(9);
-        let state: String = row.get(6).ok().flatten().expect("state is NOT NULL");
+        let comparison = Comparison {
+            same_key: get_bool(2),
+            same_provider: get_bool(3),
+            same_params: get_bool(4),
+            same_contract: get_bool(5),
+        };
+        let state: JobState = row
+            .get::<String>(6)
+            .ok()
+            .flatten()
+            .and_then(|label| label.parse().ok())
+            .expect("state is a job_state label");
+        let state = match verdict(
+            item.job_id,
+            &item.owner_id,
+            &item.key,
+            &comparison,
+            state,
+            || get_bool(9),
+        ) {
+            Ok(state) => state,
+            Err(refusal) => {
+                answers[ord] = Some(Err(refusal));
+                continue;
+            }
+        };
         // Copied into the call's memory (SPI's is gone when the rows are returned), once per
         // job; every row that returns it counts against the batch's budget.
         let result = match results.by_job.get(&item.job_id) {
@@ -367,7 +370,7 @@ fn find(
         answers[ord] = Some(Ok(Outcome {
             job_id: Some(item.job_id),
             created: false,
-            state: if lapsed { "unknown".into() } else { state },
+            state,
             version: row.get(7).ok().flatten().expect("version is NOT NULL"),
             result,
         }));
@@ -391,7 +394,7 @@ fn insert(client: &mut SpiClient<'_>, pending: &[Item], answers: &mut [Option<An
         answers[by_id[&id]] = Some(Ok(Outcome {
             job_id: Some(id),
             created: true,
-            state: "pending".into(),
+            state: JobState::Pending,
             version,
             result: None,
         }));

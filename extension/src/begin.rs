@@ -4,8 +4,10 @@ use crate::contract;
 use crate::entry::{arg, one_row};
 use crate::input;
 use crate::job::{self, Job};
-use crate::plans::{self, Statement};
-use crate::refusal::{Answer, Refusal};
+use crate::plans::{self, Name, Statement};
+use crate::refusal::{self, Answer, Refusal};
+use crate::state::AttemptState;
+use pg_intent_protocol::Facts;
 use pgrx::IntoDatum;
 use pgrx::Uuid;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
@@ -16,7 +18,7 @@ use pgrx::prelude::*;
 /// it changes only when the outcome slot changes. If a hand-written row somehow got past the
 /// job lock, the partial unique index `attempts_one_open_per_job` still refuses it.
 static START_ATTEMPT: Statement = Statement {
-    slot: 6,
+    name: Name::StartAttempt,
     sql: "WITH a AS (
               INSERT INTO intent.attempts
                      (id, job_id, owner_id, attempt_no, provider, state, version_read, worker, lease, started_at, deadline)
@@ -48,7 +50,8 @@ struct Begun {
 crate::entry::sql_function!(
     intent_begin_attempt,
     pg_finfo_intent_begin_attempt,
-    begin_attempt
+    begin_attempt,
+    c"intent.begin_attempt"
 );
 
 /// `intent.begin_attempt(job_id, provider, lease, worker)`.
@@ -97,6 +100,11 @@ fn begin(
                 "Job {job_id} has already made {} of its {} allowed attempts (max_attempts).",
                 job.attempt_count, job.max_attempts
             ))
+            .facts(Facts {
+                attempt_count: Some(job.attempt_count),
+                max_attempts: Some(job.max_attempts),
+                ..refusal::job_facts(job_id)
+            })
             .hint("An abandoned attempt may still return and win; otherwise cancel the job, or submit the intent under a new idempotency key."));
         }
         let provider = provider.unwrap_or(&job.provider);
@@ -139,7 +147,8 @@ fn gate_refusal(job: &Job, open: &job::OpenAttempt) -> Refusal {
         Some(w) => format!(", worker {w}"),
         None => String::new(),
     };
-    if open.state == "started" && !open.lapsed {
+    let facts = refusal::attempt_facts(job.id, open.id, open.effective_state());
+    if open.effective_state() == AttemptState::Started {
         return Refusal::attempt_in_flight(format!(
             "job {} already has an attempt in flight",
             job.id
@@ -148,9 +157,10 @@ fn gate_refusal(job: &Job, open: &job::OpenAttempt) -> Refusal {
             "Attempt {} (no. {}{worker}) is started and its lease runs until {}.",
             open.id, open.attempt_no, open.deadline
         ))
+        .facts(facts)
         .hint("Wait for its outcome. If it never reports, its lease runs out and it becomes unknown; it is never retried behind its back.");
     }
-    let why = if open.state == "unknown" {
+    let why = if open.state == AttemptState::Unknown {
         "its outcome is unknown".to_string()
     } else {
         format!("its lease ran out at {} without an outcome", open.deadline)
@@ -160,5 +170,6 @@ fn gate_refusal(job: &Job, open: &job::OpenAttempt) -> Refusal {
         job.id
     ))
     .detail(format!("Attempt {} (no. {}{worker}): {why}.", open.id, open.attempt_no))
+    .facts(facts)
     .hint("Find out what the provider did: report it with intent.complete_attempt() or intent.fail_attempt(), or stop waiting with intent.abandon_attempt(attempt_id, reason).")
 }

@@ -7,7 +7,7 @@
 use crate::entry::{arg, one_row, value};
 use crate::input;
 use crate::jsonb::{CallJsonb, Jsonb};
-use crate::plans::{self, Statement};
+use crate::plans::{self, Name, Statement};
 use crate::refusal::{Answer, Refusal};
 use pgrx::IntoDatum;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
@@ -36,7 +36,7 @@ const MAX_ERRORS: usize = 20;
 /// would need USAGE on the checker's schema for the role running the call. NULL in the
 /// second column with a non-NULL sixth is a checker that no longer exists (or was renamed).
 static CONTRACT: Statement = Statement {
-    slot: 19,
+    name: Name::Contract,
     sql: "SELECT c.version,
                  (SELECT p.oid
                     FROM pg_catalog.pg_proc p
@@ -53,7 +53,7 @@ static CONTRACT: Statement = Statement {
 
 /// [`CONTRACT`] on the catalog of 0.1.0 (see [`catalog_records_definers`]).
 static CONTRACT_0_1: Statement = Statement {
-    slot: 43,
+    name: Name::Contract0_1,
     sql: "SELECT version, checker::oid, output_schema, NULL::oid, NULL::oid, checker::text
             FROM intent.contracts WHERE name = $1",
     args: &[pg_sys::TEXTOID],
@@ -84,7 +84,7 @@ fn contract_statement() -> &'static Statement {
 /// definer, nor every caller of validate_result, rights the definer does not have); the
 /// checker's identity, as the contract stores it; whether it is a temporary function.
 static CALLER_MAY_USE: Statement = Statement {
-    slot: 22,
+    name: Name::CallerMayUse,
     sql: "SELECT has_function_privilege($2, p.oid, 'EXECUTE'),
                  pg_has_role($2, p.proowner, 'USAGE'),
                  p.proowner::regrole::text,
@@ -101,7 +101,7 @@ static CALLER_MAY_USE: Statement = Statement {
 /// version; defined again unchanged by the same role, it writes nothing. So "redefine the
 /// contract" re-vets a contract whose checker changed owner or whose definer lost rights.
 static UPSERT_CONTRACT: Statement = Statement {
-    slot: 23,
+    name: Name::UpsertContract,
     sql: "INSERT INTO intent.contracts AS c (name, output_schema, checker, created_at, updated_at,
                                               checker_owner, defined_by)
           VALUES ($1, $2, $3, statement_timestamp(), statement_timestamp(),
@@ -130,7 +130,7 @@ static UPSERT_CONTRACT: Statement = Statement {
 
 /// [`UPSERT_CONTRACT`] on the catalog of 0.1.0 (see [`catalog_records_definers`]).
 static UPSERT_CONTRACT_0_1: Statement = Statement {
-    slot: 44,
+    name: Name::UpsertContract0_1,
     sql: "INSERT INTO intent.contracts AS c (name, output_schema, checker, created_at, updated_at)
           VALUES ($1, $2, $3::regprocedure, statement_timestamp(), statement_timestamp())
           ON CONFLICT (name) DO UPDATE
@@ -143,7 +143,7 @@ static UPSERT_CONTRACT_0_1: Statement = Statement {
 };
 
 static CERTIFY: Statement = Statement {
-    slot: 24,
+    name: Name::Certify,
     sql: "INSERT INTO intent.certifications (provider, contract, contract_version, evidence, certified_at, expires_at)
           VALUES ($1, $2, $3, $4, statement_timestamp(), statement_timestamp() + $5)
           RETURNING expires_at",
@@ -152,14 +152,14 @@ static CERTIFY: Statement = Statement {
 
 /// The longest certification is 366 days: evidence gets stale, providers change their models.
 static VALIDITY_OK: Statement = Statement {
-    slot: 28,
+    name: Name::ValidityOk,
     sql: "SELECT $1 > interval '0'
              AND statement_timestamp() + $1 <= statement_timestamp() + interval '366 days'",
     args: &[pg_sys::INTERVALOID],
 };
 
 static REVOKE: Statement = Statement {
-    slot: 25,
+    name: Name::Revoke,
     // Whether there is a current certification is decided by the newest of the pair (the one
     // that counts); when there is, every standing row of the pair is withdrawn, so that nothing
     // of the provider's standing for the contract is left.
@@ -179,7 +179,7 @@ static REVOKE: Statement = Statement {
 
 /// The certification that counts for a failover: the newest for (provider, contract).
 static CERTIFICATION: Statement = Statement {
-    slot: 26,
+    name: Name::Certification,
     sql: "SELECT c.contract_version, c.expires_at <= statement_timestamp(), c.expires_at::text,
                  c.revoked_at::text, c.revoked_reason, k.version
             FROM intent.certifications c
@@ -388,7 +388,8 @@ pub fn check_certified(
 crate::entry::sql_function!(
     intent_define_contract,
     pg_finfo_intent_define_contract,
-    define_contract
+    define_contract,
+    c"intent.define_contract"
 );
 
 /// `intent.define_contract(name, output_schema, checker)` → the contract's version.
@@ -557,7 +558,8 @@ fn check_checker(
 crate::entry::sql_function!(
     intent_certify_provider,
     pg_finfo_intent_certify_provider,
-    certify_provider
+    certify_provider,
+    c"intent.certify_provider"
 );
 
 /// `intent.certify_provider(provider, contract, evidence, valid_for)` → when it expires.
@@ -619,7 +621,8 @@ fn certify(
 crate::entry::sql_function!(
     intent_revoke_certification,
     pg_finfo_intent_revoke_certification,
-    revoke_certification
+    revoke_certification,
+    c"intent.revoke_certification"
 );
 
 /// `intent.revoke_certification(provider, contract, reason)` → boolean.
@@ -646,7 +649,8 @@ fn revoke(provider: Option<&str>, contract: Option<&str>, reason: Option<&str>) 
 crate::entry::sql_function!(
     intent_validate_result,
     pg_finfo_intent_validate_result,
-    validate_result_entry
+    validate_result_entry,
+    c"intent.validate_result"
 );
 
 /// `intent.validate_result(contract, result)` → `(valid, errors)`.

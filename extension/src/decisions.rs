@@ -4,18 +4,22 @@
 use crate::entry::{arg, value, void};
 use crate::input;
 use crate::job;
-use crate::plans::{self, Statement};
+use crate::plans::{self, Name, Statement};
 use crate::refusal::Answer;
+use crate::state::{open_attempt_states_sql, open_job_states_sql};
 use pgrx::Uuid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 /// The gate opens, but the attempt is not forgotten: if it returns, the compare-and-swap decides.
 static ABANDON: Statement = Statement {
-    slot: 17,
-    sql: "WITH a AS (
+    name: Name::Abandon,
+    sql: concat!(
+        "WITH a AS (
               UPDATE intent.attempts SET state = 'abandoned'
-               WHERE id = $1 AND state IN ('started', 'unknown')
+               WHERE id = $1 AND state IN ",
+        open_attempt_states_sql!(),
+        "
               RETURNING id, job_id, owner_id),
           j AS (
               UPDATE intent.jobs SET state = 'pending', updated_at = statement_timestamp()
@@ -23,31 +27,39 @@ static ABANDON: Statement = Statement {
           INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
           SELECT a.job_id, a.owner_id, a.id, 'abandoned',
                  jsonb_build_object('reason', $2::text, 'previous_state', $3::text, 'lease_expired', $4::boolean)
-            FROM a",
+            FROM a"
+    ),
     args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::BOOLOID],
 };
 
 /// version + 1 makes every attempt still out there lose its compare-and-swap.
 static CANCEL: Statement = Statement {
-    slot: 18,
-    sql: "WITH j AS (
+    name: Name::Cancel,
+    sql: concat!(
+        "WITH j AS (
               UPDATE intent.jobs SET state = 'cancelled', version = version + 1, updated_at = statement_timestamp()
-               WHERE id = $1 AND state IN ('pending', 'running', 'unknown')
+               WHERE id = $1 AND state IN ",
+        open_job_states_sql!(),
+        "
               RETURNING id, owner_id, version)
           INSERT INTO intent.events (job_id, owner_id, kind, detail)
           SELECT j.id, j.owner_id, 'cancelled',
                  jsonb_build_object('reason', $2::text, 'previous_state', $3::text, 'version', j.version,
                                     'open_attempt', (SELECT a.id FROM intent.attempts a
-                                                      WHERE a.job_id = j.id AND a.state IN ('started', 'unknown')))
+                                                      WHERE a.job_id = j.id AND a.state IN ",
+        open_attempt_states_sql!(),
+        "))
             FROM j
-          RETURNING 1",
+          RETURNING 1"
+    ),
     args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
 };
 
 crate::entry::sql_function!(
     intent_abandon_attempt,
     pg_finfo_intent_abandon_attempt,
-    abandon_attempt
+    abandon_attempt,
+    c"intent.abandon_attempt"
 );
 
 /// `intent.abandon_attempt(attempt_id, reason)` → void.
@@ -62,7 +74,7 @@ fn abandon(attempt_id: Option<Uuid>, reason: Option<&str>) -> Answer<()> {
     Spi::connect_mut(|client| {
         let (_job, attempt) = job::lock_for_attempt(client, attempt_id)?;
         // Abandoning an attempt that already has an outcome (or was abandoned) changes nothing.
-        if matches!(attempt.state.as_str(), "started" | "unknown") {
+        if attempt.state.is_open() {
             plans::run(
                 client,
                 &ABANDON,
@@ -78,7 +90,12 @@ fn abandon(attempt_id: Option<Uuid>, reason: Option<&str>) -> Answer<()> {
     })
 }
 
-crate::entry::sql_function!(intent_cancel_job, pg_finfo_intent_cancel_job, cancel_job);
+crate::entry::sql_function!(
+    intent_cancel_job,
+    pg_finfo_intent_cancel_job,
+    cancel_job,
+    c"intent.cancel_job"
+);
 
 /// `intent.cancel_job(job_id, reason)` → boolean.
 fn cancel_job(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {

@@ -15,17 +15,16 @@
 
 use crate::jsonb::Jsonb;
 use crate::owner;
+use crate::state::JobState;
+use crate::submit::Comparison;
 use pgrx::pg_sys;
 use pgrx::{FromDatum, Uuid};
 use std::cell::Cell;
 
 /// What `submit_job` needs to know about an existing job.
 pub struct Found {
-    pub same_key: bool,
-    pub same_provider: bool,
-    pub same_params: bool,
-    pub same_contract: bool,
-    pub state: String,
+    pub comparison: Comparison,
+    pub state: JobState,
     pub version: i64,
     pub result: Option<Jsonb>,
 }
@@ -166,16 +165,17 @@ pub fn find_job(
                 pg_sys::enum_out,
                 &[Some(value(slot, cols.state).0)],
             )
-            .expect("enum_out returns a label")
-            .to_string_lossy()
-            .into_owned();
+            .and_then(|label| label.to_str().ok()?.parse().ok())
+            .expect("state is a job_state label");
             let (result, result_null) = value(slot, cols.result);
             Some(Found {
-                same_key: row_owner == owner_id
-                    && text(slot, cols.idempotency_key).as_deref() == Some(key),
-                same_provider: text(slot, cols.provider).as_deref() == Some(provider),
-                same_params,
-                same_contract: text(slot, cols.contract).as_deref() == contract,
+                comparison: Comparison {
+                    same_key: row_owner == owner_id
+                        && text(slot, cols.idempotency_key).as_deref() == Some(key),
+                    same_provider: text(slot, cols.provider).as_deref() == Some(provider),
+                    same_params,
+                    same_contract: text(slot, cols.contract).as_deref() == contract,
+                },
                 state,
                 version: i64::from_datum(value(slot, cols.version).0, false)
                     .expect("version is NOT NULL"),

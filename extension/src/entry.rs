@@ -21,9 +21,10 @@ use std::ffi::{CString, c_char, c_int};
 /// The version-1 calling convention record every C function must expose.
 pub static V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
 
-/// Declares a SQL-callable C function `$name` that runs `$body` through [`call`].
+/// Declares a SQL-callable C function `$name` that runs `$body` through [`call`]; `$sql` is
+/// the SQL function's name, which the server log gives as the refusal's location.
 macro_rules! sql_function {
-    ($name:ident, $finfo:ident, $body:path) => {
+    ($name:ident, $finfo:ident, $body:path, $sql:literal) => {
         #[unsafe(no_mangle)]
         pub extern "C" fn $finfo() -> &'static ::pgrx::pg_sys::Pg_finfo_record {
             &$crate::entry::V1
@@ -33,7 +34,7 @@ macro_rules! sql_function {
         pub unsafe extern "C-unwind" fn $name(
             fcinfo: ::pgrx::pg_sys::FunctionCallInfo,
         ) -> ::pgrx::pg_sys::Datum {
-            unsafe { $crate::entry::call(fcinfo, $body) }
+            unsafe { $crate::entry::call(fcinfo, $body, $sql) }
         }
     };
 }
@@ -46,6 +47,7 @@ pub(crate) use sql_function;
 pub unsafe fn call(
     fcinfo: pg_sys::FunctionCallInfo,
     body: fn(pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum>,
+    sql_name: &'static std::ffi::CStr,
 ) -> pg_sys::Datum {
     let answer = unsafe {
         pg_sys::submodules::panic::pgrx_extern_c_guard(|| {
@@ -55,7 +57,7 @@ pub unsafe fn call(
     };
     match answer {
         Ok(datum) => datum,
-        Err(refusal) => unsafe { raise(refusal) },
+        Err(refusal) => unsafe { raise(refusal, sql_name) },
     }
 }
 
@@ -287,10 +289,10 @@ fn c_text(s: &str) -> CString {
 /// # Safety
 /// Never returns: PostgreSQL's error handling takes over. Nothing with a destructor may be live
 /// in the callers' frames.
-unsafe fn raise(refusal: Refusal) -> ! {
-    let code = sqlstate(refusal.code);
+unsafe fn raise(refusal: Refusal, sql_name: &'static std::ffi::CStr) -> ! {
+    let code = sqlstate(refusal.code.code());
     let message = c_text(&refusal.message);
-    let detail = refusal.detail.as_deref().map(c_text);
+    let detail = refusal.full_detail().as_deref().map(c_text);
     let hint = refusal.hint.as_deref().map(c_text);
     drop(refusal);
     unsafe {
@@ -308,7 +310,9 @@ unsafe fn raise(refusal: Refusal) -> ! {
         drop(message);
         drop(detail);
         drop(hint);
-        errfinish(c"pg_intent".as_ptr(), 0, c"pg_intent".as_ptr());
+        // The location a server log prints (`LOCATION:` with log_error_verbosity = verbose):
+        // the SQL function that refused.
+        errfinish(c"pg_intent".as_ptr(), 0, sql_name.as_ptr());
     }
     unreachable!("errfinish does not return at ERROR")
 }

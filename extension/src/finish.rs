@@ -9,8 +9,10 @@ use crate::entry::{arg, enum_value, result_type};
 use crate::input;
 use crate::job::{self, Attempt, Job};
 use crate::jsonb::Jsonb;
-use crate::plans::{self, Statement};
+use crate::plans::{self, Name, Statement};
 use crate::refusal::Answer;
+use crate::state::{AttemptState, JobState, open_job_states_sql};
+use pg_intent_protocol::Completion;
 use pgrx::Uuid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -18,13 +20,16 @@ use pgrx::spi::SpiClient;
 
 /// The compare-and-swap, the attempt's own outcome and, when it lost, the logged race.
 static COMPLETE: Statement = Statement {
-    slot: 7,
-    sql: "WITH won AS (
+    name: Name::Complete,
+    sql: concat!(
+        "WITH won AS (
               UPDATE intent.jobs
                  SET state = 'succeeded', result = $3, completed_by = $1, version = version + 1,
                      updated_at = statement_timestamp()
                WHERE id = $2 AND version = $4 AND completed_by IS NULL
-                 AND state IN ('pending', 'running', 'unknown')
+                 AND state IN ",
+        open_job_states_sql!(),
+        "
               RETURNING version),
           a AS (
               UPDATE intent.attempts
@@ -39,14 +44,15 @@ static COMPLETE: Statement = Statement {
                                         'attempt_state', $5::text)
                 FROM intent.jobs j
                WHERE j.id = $2 AND NOT EXISTS (SELECT 1 FROM won))
-          SELECT EXISTS (SELECT 1 FROM won)",
+          SELECT EXISTS (SELECT 1 FROM won)"
+    ),
     args: &[pg_sys::UUIDOID, pg_sys::UUIDOID, pg_sys::JSONBOID, pg_sys::INT8OID, pg_sys::TEXTOID],
 };
 
 /// A result for an attempt that had already failed definitely: it cannot become the job's
 /// outcome, and the attempt keeps its recorded failure; the result is kept in the log.
 static LOG_RESULT_AFTER_FAILURE: Statement = Statement {
-    slot: 8,
+    name: Name::LogResultAfterFailure,
     sql: "INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
           SELECT j.id, j.owner_id, $1, 'late_result',
                  jsonb_build_object('attempt_state', 'failed', 'result', $3, 'presented_version', $4,
@@ -60,7 +66,7 @@ static LOG_RESULT_AFTER_FAILURE: Statement = Statement {
 
 /// Records a definite failure on the attempt; a rejected result stays on its own row.
 static FAIL_ATTEMPT: Statement = Statement {
-    slot: 9,
+    name: Name::FailAttempt,
     sql: "UPDATE intent.attempts SET state = 'failed', error = $2, result = $3, finished_at = statement_timestamp()
            WHERE id = $1",
     args: &[pg_sys::UUIDOID, pg_sys::JSONBOID, pg_sys::JSONBOID],
@@ -68,7 +74,7 @@ static FAIL_ATTEMPT: Statement = Statement {
 
 /// A result that broke the job's contract, logged with the validation errors.
 static LOG_VIOLATION: Statement = Statement {
-    slot: 27,
+    name: Name::LogViolation,
     sql: "INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
           SELECT j.id, j.owner_id, $1, 'contract_violation', $3::jsonb || jsonb_build_object('job_state', $4::text)
             FROM intent.jobs j WHERE j.id = $2
@@ -78,13 +84,16 @@ static LOG_VIOLATION: Statement = Statement {
 
 /// The final failure of the job, by the same compare-and-swap as a win.
 static FAIL_JOB: Statement = Statement {
-    slot: 10,
-    sql: "UPDATE intent.jobs
+    name: Name::FailJob,
+    sql: concat!(
+        "UPDATE intent.jobs
              SET state = 'failed', error = $3, completed_by = $1, version = version + 1,
                  updated_at = statement_timestamp()
            WHERE id = $2 AND version = $4 AND completed_by IS NULL
-             AND state IN ('pending', 'running', 'unknown')
-          RETURNING state::text",
+             AND state IN ",
+        open_job_states_sql!(),
+        " RETURNING state::text"
+    ),
     args: &[
         pg_sys::UUIDOID,
         pg_sys::UUIDOID,
@@ -95,7 +104,7 @@ static FAIL_JOB: Statement = Statement {
 
 /// The gate opens: the job may take a new attempt.
 static REOPEN_JOB: Statement = Statement {
-    slot: 11,
+    name: Name::ReopenJob,
     sql: "UPDATE intent.jobs SET state = 'pending', updated_at = statement_timestamp()
            WHERE id = $1 AND state IN ('running', 'unknown')",
     args: &[pg_sys::UUIDOID],
@@ -103,7 +112,7 @@ static REOPEN_JOB: Statement = Statement {
 
 /// A failure that arrived after the job's outcome was decided.
 static LOG_LATE_FAILURE: Statement = Statement {
-    slot: 12,
+    name: Name::LogLateFailure,
     sql: "INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
           SELECT j.id, j.owner_id, $1, 'late_failure',
                  jsonb_build_object('error', $3, 'attempt_state', $4::text, 'job_state', j.state,
@@ -123,20 +132,21 @@ static LOG_LATE_FAILURE: Statement = Statement {
 crate::entry::sql_function!(
     intent_complete_attempt,
     pg_finfo_intent_complete_attempt,
-    complete_attempt
+    complete_attempt,
+    c"intent.complete_attempt"
 );
 
 /// `intent.complete_attempt(attempt_id, version, result)` → `intent.completion`.
 fn complete_attempt(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
     let completion = complete(arg(fcinfo, 0), arg(fcinfo, 1), arg(fcinfo, 2))?;
-    Ok(enum_value(result_type(fcinfo), completion))
+    Ok(enum_value(result_type(fcinfo), completion.as_str()))
 }
 
 fn complete(
     attempt_id: Option<Uuid>,
     version: Option<i64>,
     result: Option<Jsonb>,
-) -> Answer<&'static str> {
+) -> Answer<Completion> {
     let attempt_id = input::required("attempt_id", attempt_id)?;
     let version = input::required("version", version)?;
     let result = input::result(result)?;
@@ -144,14 +154,14 @@ fn complete(
     Spi::connect_mut(|client| {
         let (mut job, attempt) = job::lock_for_attempt(client, attempt_id)?;
         attempt.check_version(version)?;
-        match attempt.state.as_str() {
+        match attempt.state {
             // Asked again: the same answer, and nothing changes.
-            "succeeded" => return Ok("won"),
-            "discarded" => return Ok("lost"),
-            "failed" if attempt.error_kind.as_deref() == Some(contract::VIOLATION) => {
-                return Ok("rejected");
+            AttemptState::Succeeded => return Ok(Completion::Won),
+            AttemptState::Discarded => return Ok(Completion::Lost),
+            AttemptState::Failed if attempt.error_kind.as_deref() == Some(contract::VIOLATION) => {
+                return Ok(Completion::Rejected);
             }
-            "failed" => {
+            AttemptState::Failed => {
                 plans::run(
                     client,
                     &LOG_RESULT_AFTER_FAILURE,
@@ -162,27 +172,23 @@ fn complete(
                         version.into(),
                     ],
                 );
-                return Ok("lost");
+                return Ok(Completion::Lost);
             }
-            _ => {}
+            AttemptState::Started | AttemptState::Unknown | AttemptState::Abandoned => {}
         }
         // started, unknown or abandoned: this result really happened and may win.
         if attempt.is_lapsed()
             && job::settle_lapsed(client, attempt_id, "complete_attempt")
-            && job.state == "running"
+            && job.state == JobState::Running
         {
-            job.state = "unknown".into();
+            job.state = JobState::Unknown;
         }
-        let state_before = if attempt.is_lapsed() {
-            "unknown"
-        } else {
-            attempt.state.as_str()
-        };
+        let state_before = attempt.effective_state();
         if let Some(name) = &job.contract
             && let Some(Err(violation)) = contract::validate(client, name, result)
         {
             reject(client, &job, &attempt, name, &violation, result);
-            return Ok("rejected");
+            return Ok(Completion::Rejected);
         }
         let row = plans::first(plans::run(
             client,
@@ -192,14 +198,14 @@ fn complete(
                 job.id.into(),
                 result.into(),
                 version.into(),
-                state_before.into(),
+                state_before.as_str().into(),
             ],
         ))
         .expect("SELECT EXISTS returns a row");
         Ok(if plans::must::<bool>(&row, 1) {
-            "won"
+            Completion::Won
         } else {
-            "lost"
+            Completion::Lost
         })
     })
 }
@@ -207,7 +213,8 @@ fn complete(
 crate::entry::sql_function!(
     intent_fail_attempt,
     pg_finfo_intent_fail_attempt,
-    fail_attempt
+    fail_attempt,
+    c"intent.fail_attempt"
 );
 
 /// `intent.fail_attempt(attempt_id, version, error, retryable)` → `intent.job_state`.
@@ -218,7 +225,7 @@ fn fail_attempt(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
         arg(fcinfo, 2),
         arg(fcinfo, 3),
     )?;
-    Ok(enum_value(result_type(fcinfo), &state))
+    Ok(enum_value(result_type(fcinfo), state.as_str()))
 }
 
 fn fail(
@@ -226,7 +233,7 @@ fn fail(
     version: Option<i64>,
     error: Option<Jsonb>,
     retryable: Option<bool>,
-) -> Answer<String> {
+) -> Answer<JobState> {
     let attempt_id = input::required("attempt_id", attempt_id)?;
     let version = input::required("version", version)?;
     let error = input::document("error", error)?;
@@ -235,15 +242,15 @@ fn fail(
     Spi::connect_mut(|client| {
         let (job, attempt) = job::lock_for_attempt(client, attempt_id)?;
         attempt.check_version(version)?;
-        match attempt.state.as_str() {
+        match attempt.state {
             // Reported again: nothing changes.
-            "failed" => return Ok(effective_state(client, &job)),
+            AttemptState::Failed => return Ok(effective_state(client, &job)),
             // Its outcome was already recorded; a contradicting failure is logged, not applied.
-            "succeeded" | "discarded" => {
+            AttemptState::Succeeded | AttemptState::Discarded => {
                 log_late_failure(client, &job, &attempt, error);
                 return Ok(effective_state(client, &job));
             }
-            _ => {}
+            AttemptState::Started | AttemptState::Unknown | AttemptState::Abandoned => {}
         }
         if job.is_terminal() {
             plans::run(
@@ -252,7 +259,7 @@ fn fail(
                 &[attempt_id.into(), error.into(), None::<Jsonb>.into()],
             );
             log_late_failure(client, &job, &attempt, error);
-            return Ok(job.state.clone());
+            return Ok(job.state);
         }
         Ok(settle_failure(
             client, &job, &attempt, error, None, retryable,
@@ -303,8 +310,8 @@ fn settle_failure(
     error: Jsonb,
     result: Option<Jsonb>,
     retryable: bool,
-) -> String {
-    let was_open = matches!(attempt.state.as_str(), "started" | "unknown");
+) -> JobState {
+    let was_open = attempt.state.is_open();
     plans::run(
         client,
         &FAIL_ATTEMPT,
@@ -325,13 +332,13 @@ fn settle_failure(
             ],
         ));
         return match row {
-            Some(row) => plans::must(&row, 1),
+            Some(row) => crate::state::read(&row, 1),
             None => effective_state(client, job),
         };
     }
     if !other_open {
         plans::run(client, &REOPEN_JOB, &[job.id.into()]);
-        return "pending".into();
+        return JobState::Pending;
     }
     effective_state(client, job)
 }
@@ -356,13 +363,8 @@ fn log_late_failure(
 
 /// The job's state as the SPEC defines it: a running job whose open attempt ran out of lease
 /// is unknown.
-fn effective_state(client: &mut SpiClient<'_>, job: &Job) -> String {
-    if job.state == "running"
-        && let Some(open) = job::open_attempt(client, job.id)
-        && open.state == "started"
-        && open.lapsed
-    {
-        return "unknown".into();
-    }
-    job.state.clone()
+fn effective_state(client: &mut SpiClient<'_>, job: &Job) -> JobState {
+    let lapsed = job.state == JobState::Running
+        && job::open_attempt(client, job.id).is_some_and(|open| open.lapsed);
+    crate::state::effective_job(job.state, lapsed)
 }

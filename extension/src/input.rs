@@ -3,25 +3,11 @@
 
 use crate::jsonb::Jsonb;
 use crate::refusal::{Answer, Refusal};
-use pg_intent_protocol::MAX_NAME_CHARS;
+pub use pg_intent_protocol::limits::{
+    MAX_ATTEMPT_NO, MAX_DOCUMENT_BYTES, MAX_LEASE_MICROS, MAX_NAME_CHARS, MAX_REASON_CHARS,
+    MAX_RESULT_BYTES,
+};
 use pgrx::datum::Interval;
-
-/// The largest params, error, evidence or schema document accepted, in bytes (detoasted).
-/// Params are part of the fingerprint, compared on every replay; larger payloads belong in blob
-/// storage, referenced from the document.
-pub const MAX_DOCUMENT_BYTES: usize = 1024 * 1024;
-
-/// The largest result accepted, in bytes (detoasted). A result is written once and read back on
-/// replays, so it may be larger than params: a provider's answer of a few megabytes is stored
-/// as it came. Past this, store it elsewhere and return a reference.
-pub const MAX_RESULT_BYTES: usize = 16 * 1024 * 1024;
-
-/// The longest lease or heartbeat extension (one day, on the calendar). Long work keeps its
-/// lease alive by heartbeats; a longer lease would hide a dead worker for too long.
-pub const MAX_LEASE_MICROS: i128 = 24 * 3600 * 1_000_000;
-
-/// The longest free-text reason accepted, in characters.
-pub const MAX_REASON_CHARS: usize = 1000;
 
 pub fn required<T>(name: &str, value: Option<T>) -> Answer<T> {
     value.ok_or_else(|| {
@@ -111,11 +97,11 @@ pub fn within_ten_thousand_years(v: &Interval) -> bool {
 /// max_attempts: 1 to 65535 (an attempt number must fit in the attempt id's last two bytes).
 pub fn max_attempts(value: Option<i32>) -> Answer<i32> {
     let value = required("max_attempts", value)?;
-    if !(1..=65_535).contains(&value) {
-        return Err(
-            Refusal::bad_input("max_attempts must be between 1 and 65535")
-                .detail(format!("max_attempts is {value}.")),
-        );
+    if !(1..=MAX_ATTEMPT_NO as i32).contains(&value) {
+        return Err(Refusal::bad_input(format!(
+            "max_attempts must be between 1 and {MAX_ATTEMPT_NO}"
+        ))
+        .detail(format!("max_attempts is {value}.")));
     }
     Ok(value)
 }

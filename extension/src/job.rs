@@ -7,23 +7,27 @@
 //! held: under READ COMMITTED that statement's fresh snapshot sees whatever the previous lock
 //! holder committed.
 
-use crate::plans::{self, Statement};
+use crate::plans::{self, Name, Statement};
 use crate::refusal::{Answer, Refusal, no_such_attempt, no_such_job};
+use crate::state::{self, AttemptState, JobState, lapsed_sql, open_attempt_states_sql};
 use pgrx::Uuid;
 use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
 
 static LOCK_JOB: Statement = Statement {
-    slot: 2,
+    name: Name::LockJob,
     sql: "SELECT state::text, version, provider, contract, max_attempts, attempt_count, owner_id, completed_by
             FROM intent.jobs WHERE id = $1 FOR NO KEY UPDATE",
     args: &[pg_sys::UUIDOID],
 };
 
 static READ_ATTEMPT: Statement = Statement {
-    slot: 3,
-    sql: "SELECT state::text, version_read, error->>'kind', deadline <= statement_timestamp()
-            FROM intent.attempts WHERE id = $1",
+    name: Name::ReadAttempt,
+    sql: concat!(
+        "SELECT state::text, version_read, error->>'kind', ",
+        lapsed_sql!(),
+        " FROM intent.attempts WHERE id = $1"
+    ),
     args: &[pg_sys::UUIDOID],
 };
 
@@ -34,10 +38,15 @@ static READ_ATTEMPT: Statement = Statement {
 /// where IJ002 is right). Not KEY SHARE: that lock is compatible with the heartbeat's update,
 /// which changes no key, and would be granted on the stale row version.
 static OPEN_ATTEMPT: Statement = Statement {
-    slot: 4,
-    sql: "SELECT id, attempt_no, state::text, deadline <= statement_timestamp(), deadline::text, worker
-            FROM intent.attempts WHERE job_id = $1 AND state IN ('started', 'unknown')
-             FOR SHARE",
+    name: Name::OpenAttempt,
+    sql: concat!(
+        "SELECT id, attempt_no, state::text, ",
+        lapsed_sql!(),
+        ", deadline::text, worker
+           FROM intent.attempts WHERE job_id = $1 AND state IN ",
+        open_attempt_states_sql!(),
+        " FOR SHARE"
+    ),
     args: &[pg_sys::UUIDOID],
 };
 
@@ -45,10 +54,13 @@ static OPEN_ATTEMPT: Statement = Statement {
 /// unknown, logging the timeout. Does nothing when the attempt is not started or still within
 /// its lease.
 static SETTLE_LAPSED: Statement = Statement {
-    slot: 5,
-    sql: "WITH a AS (
+    name: Name::SettleLapsed,
+    sql: concat!(
+        "WITH a AS (
               UPDATE intent.attempts SET state = 'unknown'
-               WHERE id = $1 AND state = 'started' AND deadline <= statement_timestamp()
+               WHERE id = $1 AND ",
+        lapsed_sql!(),
+        "
               RETURNING id, job_id, owner_id, deadline),
           j AS (
               UPDATE intent.jobs SET state = 'unknown', updated_at = statement_timestamp()
@@ -58,14 +70,15 @@ static SETTLE_LAPSED: Statement = Statement {
               SELECT a.job_id, a.owner_id, a.id, 'timeout',
                      jsonb_build_object('cause', 'lease_expired', 'deadline', a.deadline, 'noticed_by', $2::text)
                 FROM a)
-          SELECT count(*) FROM a",
+          SELECT count(*) FROM a"
+    ),
     args: &[pg_sys::UUIDOID, pg_sys::TEXTOID],
 };
 
 /// The job row, read under its row lock.
 pub struct Job {
     pub id: Uuid,
-    pub state: String,
+    pub state: JobState,
     pub version: i64,
     pub provider: String,
     pub contract: Option<String>,
@@ -77,7 +90,7 @@ pub struct Job {
 
 impl Job {
     pub fn is_terminal(&self) -> bool {
-        is_terminal(&self.state)
+        self.state.is_terminal()
     }
 
     /// The IJ004 refusal for this (terminal) job.
@@ -88,12 +101,9 @@ impl Job {
         };
         Refusal::job_finished(format!("job {} is {}", self.id, self.state))
             .detail(format!("Job {} is {} (version {}{by}).", self.id, self.state, self.version))
+            .facts(crate::refusal::job_state_facts(self.id, self.state, self.version))
             .hint("A finished job never runs again: read its outcome from intent.jobs (or resubmit the same intent), and use a new idempotency key for a new intent.")
     }
-}
-
-pub fn is_terminal(state: &str) -> bool {
-    matches!(state, "succeeded" | "failed" | "cancelled")
 }
 
 /// Locks the job row, or refuses with IJ007.
@@ -102,7 +112,7 @@ pub fn lock(client: &mut SpiClient<'_>, job_id: Uuid) -> Answer<Job> {
         .ok_or_else(|| no_such_job(job_id))?;
     Ok(Job {
         id: job_id,
-        state: plans::must(&row, 1),
+        state: state::read(&row, 1),
         version: plans::must(&row, 2),
         provider: plans::must(&row, 3),
         contract: plans::get(&row, 4),
@@ -127,17 +137,22 @@ pub fn lock_for_attempt(client: &mut SpiClient<'_>, attempt_id: Uuid) -> Answer<
 /// An attempt as a call on it needs to see it.
 pub struct Attempt {
     pub id: Uuid,
-    pub state: String,
+    pub state: AttemptState,
     pub version_read: i64,
     pub error_kind: Option<String>,
-    /// Past its deadline (only meaningful while started).
+    /// Started and past its deadline (the deadline rule).
     pub lapsed: bool,
 }
 
 impl Attempt {
     /// Started and past its deadline: counts as unknown everywhere.
     pub fn is_lapsed(&self) -> bool {
-        self.state == "started" && self.lapsed
+        self.lapsed
+    }
+
+    /// The state as the protocol sees it (the deadline rule applied).
+    pub fn effective_state(&self) -> AttemptState {
+        state::effective_attempt(self.state, self.lapsed)
     }
 
     /// Refuses a version other than the one begin_attempt handed this attempt.
@@ -162,7 +177,7 @@ pub fn read_attempt(client: &mut SpiClient<'_>, attempt_id: Uuid) -> Answer<Atte
         .ok_or_else(|| no_such_attempt(attempt_id))?;
     Ok(Attempt {
         id: attempt_id,
-        state: plans::must(&row, 1),
+        state: state::read(&row, 1),
         version_read: plans::must(&row, 2),
         error_kind: plans::get(&row, 3),
         lapsed: plans::must(&row, 4),
@@ -173,10 +188,18 @@ pub fn read_attempt(client: &mut SpiClient<'_>, attempt_id: Uuid) -> Answer<Atte
 pub struct OpenAttempt {
     pub id: Uuid,
     pub attempt_no: i32,
-    pub state: String,
+    pub state: AttemptState,
+    /// Started and past its deadline (the deadline rule).
     pub lapsed: bool,
     pub deadline: String,
     pub worker: Option<String>,
+}
+
+impl OpenAttempt {
+    /// The state as the protocol sees it (the deadline rule applied).
+    pub fn effective_state(&self) -> AttemptState {
+        state::effective_attempt(self.state, self.lapsed)
+    }
 }
 
 pub fn open_attempt(client: &mut SpiClient<'_>, job_id: Uuid) -> Option<OpenAttempt> {
@@ -184,7 +207,7 @@ pub fn open_attempt(client: &mut SpiClient<'_>, job_id: Uuid) -> Option<OpenAtte
     Some(OpenAttempt {
         id: plans::must(&row, 1),
         attempt_no: plans::must(&row, 2),
-        state: plans::must(&row, 3),
+        state: state::read(&row, 3),
         lapsed: plans::must(&row, 4),
         deadline: plans::must(&row, 5),
         worker: plans::get(&row, 6),
@@ -206,12 +229,11 @@ pub fn settle_lapsed(client: &mut SpiClient<'_>, attempt_id: Uuid, noticed_by: &
 /// Applies the deadline rule to a running job (its row locked): if its open attempt ran out of
 /// lease, persists that attempt as unknown and updates `job.state` to match.
 pub fn settle_open_attempt(client: &mut SpiClient<'_>, job: &mut Job, noticed_by: &str) {
-    if job.state == "running"
+    if job.state == JobState::Running
         && let Some(open) = open_attempt(client, job.id)
-        && open.state == "started"
         && open.lapsed
         && settle_lapsed(client, open.id, noticed_by)
     {
-        job.state = "unknown".into();
+        job.state = JobState::Unknown;
     }
 }

@@ -7,8 +7,9 @@
 use crate::entry::{arg, value, void};
 use crate::input;
 use crate::job;
-use crate::plans::{self, Statement};
+use crate::plans::{self, Name, Statement};
 use crate::refusal::Answer;
+use crate::state::{AttemptState, lapsed_sql, live_sql, past_deadline_sql};
 use pgrx::Uuid;
 use pgrx::datum::Interval;
 use pgrx::pg_sys;
@@ -16,8 +17,11 @@ use pgrx::prelude::*;
 
 /// The caller's own timeout fired: started → unknown, and the job with it.
 static MARK_UNKNOWN: Statement = Statement {
-    slot: 13,
-    sql: "WITH a AS (
+    name: Name::MarkUnknown,
+    // `a` holds the rows as updated (state unknown), so the deadline alone says whether the
+    // lease had run out as well.
+    sql: concat!(
+        "WITH a AS (
               UPDATE intent.attempts SET state = 'unknown'
                WHERE id = $1 AND state = 'started'
               RETURNING id, job_id, owner_id, deadline),
@@ -27,35 +31,44 @@ static MARK_UNKNOWN: Statement = Statement {
           INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
           SELECT a.job_id, a.owner_id, a.id, 'timeout',
                  jsonb_build_object('cause', 'caller_timeout', 'reason', $2::text, 'deadline', a.deadline,
-                                    'lease_expired', a.deadline <= statement_timestamp())
-            FROM a",
+                                    'lease_expired', ",
+        past_deadline_sql!("a"),
+        ")
+            FROM a"
+    ),
     args: &[pg_sys::UUIDOID, pg_sys::TEXTOID],
 };
 
 /// Extends a live lease (the job row is locked first). Only a started attempt within its lease,
 /// whose job is still running, can be extended: anything else tells the worker to stop.
 static HEARTBEAT: Statement = Statement {
-    slot: 14,
-    sql: "UPDATE intent.attempts a
+    name: Name::Heartbeat,
+    sql: concat!(
+        "UPDATE intent.attempts a
              SET deadline = greatest(a.deadline, statement_timestamp() + coalesce($2, a.lease))
-           WHERE a.id = $1 AND a.state = 'started' AND a.deadline > statement_timestamp()
+           WHERE a.id = $1 AND ",
+        live_sql!("a"),
+        "
              AND EXISTS (SELECT 1 FROM intent.jobs j WHERE j.id = a.job_id AND j.state = 'running')
-          RETURNING 1",
+          RETURNING 1"
+    ),
     args: &[pg_sys::UUIDOID, pg_sys::INTERVALOID],
 };
 
 /// Attempts whose lease ran out, for sweep. Cross-job by nature: maintenance only.
 static LAPSED_ATTEMPTS: Statement = Statement {
-    slot: 15,
-    sql: "SELECT id, job_id FROM intent.attempts
-           WHERE state = 'started' AND deadline <= statement_timestamp()
-           ORDER BY deadline",
+    name: Name::LapsedAttempts,
+    sql: concat!(
+        "SELECT id, job_id FROM intent.attempts WHERE ",
+        lapsed_sql!(),
+        " ORDER BY deadline"
+    ),
     args: &[],
 };
 
 /// Sweep never waits for a busy job: whoever holds it will apply the deadline rule anyway.
 static TRY_LOCK_JOB: Statement = Statement {
-    slot: 16,
+    name: Name::TryLockJob,
     sql: "SELECT 1 FROM intent.jobs WHERE id = $1 FOR NO KEY UPDATE SKIP LOCKED",
     args: &[pg_sys::UUIDOID],
 };
@@ -63,7 +76,8 @@ static TRY_LOCK_JOB: Statement = Statement {
 crate::entry::sql_function!(
     intent_mark_unknown,
     pg_finfo_intent_mark_unknown,
-    mark_unknown_entry
+    mark_unknown_entry,
+    c"intent.mark_unknown"
 );
 
 /// `intent.mark_unknown(attempt_id, reason)` → void.
@@ -78,14 +92,19 @@ fn mark_unknown(attempt_id: Option<Uuid>, reason: Option<&str>) -> Answer<()> {
     Spi::connect_mut(|client| {
         let (_job, attempt) = job::lock_for_attempt(client, attempt_id)?;
         // Already unknown, or already finished (the result beat the timer): nothing to do.
-        if attempt.state == "started" {
+        if attempt.state == AttemptState::Started {
             plans::run(client, &MARK_UNKNOWN, &[attempt_id.into(), reason.into()]);
         }
         Ok(())
     })
 }
 
-crate::entry::sql_function!(intent_heartbeat, pg_finfo_intent_heartbeat, heartbeat_entry);
+crate::entry::sql_function!(
+    intent_heartbeat,
+    pg_finfo_intent_heartbeat,
+    heartbeat_entry,
+    c"intent.heartbeat"
+);
 
 /// `intent.heartbeat(attempt_id, extend)` → boolean.
 fn heartbeat_entry(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
@@ -117,7 +136,12 @@ fn heartbeat(attempt_id: Option<Uuid>, extend: Option<Interval>) -> Answer<bool>
     })
 }
 
-crate::entry::sql_function!(intent_sweep, pg_finfo_intent_sweep, sweep_entry);
+crate::entry::sql_function!(
+    intent_sweep,
+    pg_finfo_intent_sweep,
+    sweep_entry,
+    c"intent.sweep"
+);
 
 /// `intent.sweep()` → bigint.
 fn sweep_entry(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {

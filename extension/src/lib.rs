@@ -48,6 +48,7 @@ mod plans;
 mod purge;
 mod refusal;
 mod schema;
+mod state;
 mod submit;
 
 extension_sql_file!("../../sql/types.sql", name = "types", bootstrap);

@@ -12,20 +12,76 @@ use pgrx::{FromDatum, IntoDatum};
 use std::cell::RefCell;
 use std::rc::Rc;
 
+/// Every statement of the protocol, by name: its position in the per-backend plan cache, and
+/// how panics and logs name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub enum Name {
+    // batch.rs
+    FindJobs,
+    InsertJobs,
+    DefinedContracts,
+    // begin.rs
+    StartAttempt,
+    // contract.rs
+    Contract,
+    CallerMayUse,
+    UpsertContract,
+    Certify,
+    ValidityOk,
+    Revoke,
+    Certification,
+    /// `Contract` on the catalog of 0.1.0.
+    Contract0_1,
+    /// `UpsertContract` on the catalog of 0.1.0.
+    UpsertContract0_1,
+    // decisions.rs
+    Abandon,
+    Cancel,
+    // finish.rs
+    Complete,
+    LogResultAfterFailure,
+    FailAttempt,
+    LogViolation,
+    FailJob,
+    ReopenJob,
+    LogLateFailure,
+    // job.rs
+    LockJob,
+    ReadAttempt,
+    OpenAttempt,
+    SettleLapsed,
+    // lease.rs
+    MarkUnknown,
+    Heartbeat,
+    LapsedAttempts,
+    TryLockJob,
+    // purge.rs
+    RetentionOk,
+    PurgeBatch,
+    // submit.rs
+    InsertJob,
+    RunningLapsed,
+}
+
+impl Name {
+    /// How many statements there are.
+    pub const COUNT: usize = Name::RunningLapsed as usize + 1;
+}
+
 /// One SQL statement of the protocol, with the types of its parameters.
 pub struct Statement {
-    /// Position in the per-backend cache; unique per statement.
-    pub slot: usize,
+    pub name: Name,
     pub sql: &'static str,
     pub args: &'static [pg_sys::Oid],
 }
 
-/// How many statements the protocol has (the cache's size, per mode).
-pub const SLOTS: usize = 64;
+/// The cache's size, per mode.
+const SLOTS: usize = Name::COUNT;
 
 thread_local! {
-    /// Plans built with the owner isolation policies applied (slots 0..SLOTS), and without them
-    /// for sessions not bound to an owner (SLOTS..2*SLOTS, see entry.rs). PostgreSQL's plan
+    /// Plans built with the owner isolation policies applied (the first SLOTS), and without them
+    /// for sessions not bound to an owner (the next SLOTS, see entry.rs). PostgreSQL's plan
     /// cache does not tell the two apart, so a plan must never cross from one to the other.
     static CACHE: RefCell<Vec<Option<Rc<OwnedPreparedStatement>>>> =
         RefCell::new((0..2 * SLOTS).map(|_| None).collect());
@@ -34,9 +90,9 @@ thread_local! {
 fn plan(client: &SpiClient<'_>, stmt: &Statement) -> Rc<OwnedPreparedStatement> {
     // SAFETY: reads the backend's security context.
     let slot = if unsafe { pg_sys::InNoForceRLSOperation() } {
-        SLOTS + stmt.slot
+        SLOTS + stmt.name as usize
     } else {
-        stmt.slot
+        stmt.name as usize
     };
     if let Some(plan) = CACHE.with_borrow(|cache| cache[slot].clone()) {
         return plan;
@@ -45,7 +101,7 @@ fn plan(client: &SpiClient<'_>, stmt: &Statement) -> Rc<OwnedPreparedStatement> 
     let plan = Rc::new(
         client
             .prepare_mut(stmt.sql, &types)
-            .unwrap_or_else(|e| panic!("pg_intent: cannot prepare statement {}: {e}", stmt.slot))
+            .unwrap_or_else(|e| panic!("pg_intent: cannot prepare statement {:?}: {e}", stmt.name))
             .keep(),
     );
     CACHE.with_borrow_mut(|cache| cache[slot] = Some(plan.clone()));
@@ -61,7 +117,7 @@ pub fn run<'conn>(
     let plan = plan(client, stmt);
     client
         .update(&*plan, None, args)
-        .unwrap_or_else(|e| panic!("pg_intent: statement {} failed: {e}", stmt.slot))
+        .unwrap_or_else(|e| panic!("pg_intent: statement {:?} failed: {e}", stmt.name))
 }
 
 /// The first row of a result, positioned for reading, or None when there is no row.

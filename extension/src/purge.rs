@@ -8,7 +8,7 @@
 
 use crate::entry::{arg, value};
 use crate::input;
-use crate::plans::{self, Statement};
+use crate::plans::{self, Name, Statement};
 use crate::refusal::{Answer, Refusal};
 use pgrx::datum::Interval;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
@@ -19,7 +19,7 @@ use std::ffi::CString;
 static RETENTION: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 
 /// The most jobs one call removes: a purge must never hold many locks or one long transaction.
-const MAX_BATCH: i32 = 100_000;
+use pg_intent_protocol::limits::MAX_PURGE_BATCH as MAX_BATCH;
 
 /// Registers `intent.retention`; called from `_PG_init`.
 pub fn register() {
@@ -35,7 +35,7 @@ pub fn register() {
 
 /// Parses and checks the retention: positive, given or from the setting.
 static RETENTION_OK: Statement = Statement {
-    slot: 29,
+    name: Name::RetentionOk,
     sql: "SELECT r, r > interval '0' FROM (SELECT coalesce($1, nullif($2, '')::interval) AS r) s",
     args: &[pg_sys::INTERVALOID, pg_sys::TEXTOID],
 };
@@ -43,7 +43,7 @@ static RETENTION_OK: Statement = Statement {
 /// One batch: the oldest finished jobs past the retention that nobody is working on right now
 /// (SKIP LOCKED), with their events; attempts go with their job (ON DELETE CASCADE).
 static PURGE_BATCH: Statement = Statement {
-    slot: 30,
+    name: Name::PurgeBatch,
     sql: "WITH doomed AS (
               SELECT id FROM intent.jobs
                WHERE created_at < statement_timestamp() - $1
@@ -66,7 +66,12 @@ static PURGE_BATCH: Statement = Statement {
     args: &[pg_sys::INTERVALOID, pg_sys::INT4OID],
 };
 
-crate::entry::sql_function!(intent_purge, pg_finfo_intent_purge, purge_entry);
+crate::entry::sql_function!(
+    intent_purge,
+    pg_finfo_intent_purge,
+    purge_entry,
+    c"intent.purge"
+);
 
 /// `intent.purge(older_than, batch_size)` → bigint.
 fn purge_entry(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {

@@ -3,8 +3,10 @@
 use crate::entry::{arg, enum_value, one_row};
 use crate::input;
 use crate::jsonb::Jsonb;
-use crate::plans::{self, Statement};
-use crate::refusal::{Answer, Refusal};
+use crate::plans::{self, Name, Statement};
+use crate::refusal::{self, Answer};
+use crate::state::{JobState, lapsed_sql};
+use pg_intent_protocol::FingerprintField;
 use pgrx::IntoDatum;
 use pgrx::Uuid;
 use pgrx::pg_sys;
@@ -17,7 +19,7 @@ use pgrx::spi::SpiClient;
 /// primary key too (the id is derived from the key), and a collision on a unique index that is
 /// not an arbiter is an error (23505), not a "do nothing".
 static INSERT_JOB: Statement = Statement {
-    slot: 0,
+    name: Name::InsertJob,
     // $8, the first version, is above the last version of a purged job of the same key (see
     // direct::first_version): a late report from one of the purged job's attempts, whose ids
     // the new job reuses, then presents a version the new job never handed out.
@@ -42,22 +44,34 @@ static INSERT_JOB: Statement = Statement {
 /// deadline rule holds swept or not). A separate statement, because most replays find a job
 /// that is not running, and every expression in a statement costs at each execution.
 static RUNNING_LAPSED: Statement = Statement {
-    slot: 31,
-    sql: "SELECT EXISTS (SELECT 1 FROM intent.attempts a
-                          WHERE a.job_id = $1 AND a.state = 'started'
-                            AND a.deadline <= statement_timestamp())",
+    name: Name::RunningLapsed,
+    sql: concat!(
+        "SELECT EXISTS (SELECT 1 FROM intent.attempts a WHERE a.job_id = $1 AND ",
+        lapsed_sql!("a"),
+        ")"
+    ),
     args: &[pg_sys::UUIDOID],
 };
+
+/// How many times `submit_job` inserts after a lookup found no job and the insert then found
+/// one it cannot see (a purge removed it in between). Each round means another concurrent
+/// purge of the same key; past this many, the caller is told to retry (`40001`).
+const SUBMIT_ROUNDS: usize = 3;
 
 struct Submitted {
     job_id: Uuid,
     created: bool,
-    state: String,
+    state: JobState,
     version: i64,
     result: Option<Jsonb>,
 }
 
-crate::entry::sql_function!(intent_submit_job, pg_finfo_intent_submit_job, submit_job);
+crate::entry::sql_function!(
+    intent_submit_job,
+    pg_finfo_intent_submit_job,
+    submit_job,
+    c"intent.submit_job"
+);
 
 /// `intent.submit_job(owner_id, idempotency_key, provider, params, contract, max_attempts)`.
 fn submit_job(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
@@ -73,7 +87,7 @@ fn submit_job(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
         vec![
             s.job_id.into_datum(),
             s.created.into_datum(),
-            Some(enum_value(types[2], &s.state)),
+            Some(enum_value(types[2], s.state.as_str())),
             s.version.into_datum(),
             s.result.and_then(IntoDatum::into_datum),
         ]
@@ -115,8 +129,8 @@ fn submit(
             return answer;
         }
         // A conflict whose row then cannot be found was deleted in between (a purge): the key is
-        // free again, so insert again. Three rounds is plenty; more means something is wrong.
-        for _ in 0..3 {
+        // free again, so insert again.
+        for _ in 0..SUBMIT_ROUNDS {
             // Read after a lookup that found no job: if a purge removed the job, its tombstone
             // committed with the removal and is visible here.
             let first_version = crate::direct::first_version(job_id);
@@ -138,7 +152,7 @@ fn submit(
                 return Ok(Submitted {
                     job_id,
                     created: true,
-                    state: "pending".into(),
+                    state: JobState::Pending,
                     version: plans::must(&row, 1),
                     result: None,
                 });
@@ -147,10 +161,7 @@ fn submit(
                 return answer;
             }
         }
-        Err(Refusal::serialization_failure(format!(
-            "job {job_id} kept disappearing while it was being submitted"
-        ))
-        .hint("Retry the transaction."))
+        Err(refusal::kept_disappearing(job_id))
     })
 }
 
@@ -175,37 +186,20 @@ fn find(client: &mut SpiClient<'_>, intent: &Intent<'_>) -> Option<Answer<Submit
         intent.params,
         intent.contract,
     )?;
-    let (job_id, owner_id, key) = (intent.job_id, intent.owner_id, intent.key);
-    if !found.same_key {
-        // The id is taken by another key: 112 bits of SHA-256 agreed for two different keys.
-        // Report it; never hand out another intent's job.
-        return Some(Err(Refusal::idempotency_conflict(format!(
-            "job id {job_id} is already taken by another (owner_id, idempotency_key)"
-        ))
-        .detail("Two different keys derived the same job id.")
-        .hint("Use another idempotency key.")));
-    }
-    let differ: Vec<&str> = [
-        (found.same_provider, "provider"),
-        (found.same_params, "params"),
-        (found.same_contract, "contract"),
-    ]
-    .into_iter()
-    .filter(|(same, _)| !same)
-    .map(|(_, field)| field)
-    .collect();
-    if !differ.is_empty() {
-        return Some(Err(conflict(job_id, owner_id, key, &differ)));
-    }
-    let mut state = found.state;
-    if state == "running" {
-        let lapsed = plans::first(plans::run(client, &RUNNING_LAPSED, &[job_id.into()]))
-            .expect("SELECT EXISTS returns a row");
-        if plans::must::<bool>(&lapsed, 1) {
-            state = "unknown".into();
-        }
-    }
-    Some(Ok(Submitted {
+    let job_id = intent.job_id;
+    let state = verdict(
+        job_id,
+        intent.owner_id,
+        intent.key,
+        &found.comparison,
+        found.state,
+        || {
+            let lapsed = plans::first(plans::run(client, &RUNNING_LAPSED, &[job_id.into()]))
+                .expect("SELECT EXISTS returns a row");
+            plans::must::<bool>(&lapsed, 1)
+        },
+    );
+    Some(state.map(|state| Submitted {
         job_id,
         created: false,
         state,
@@ -214,11 +208,54 @@ fn find(client: &mut SpiClient<'_>, intent: &Intent<'_>) -> Option<Answer<Submit
     }))
 }
 
-/// IJ001: the key was used for another intent; the DETAIL names the fields that differ.
-pub fn conflict(job_id: Uuid, owner_id: &str, key: &str, differ: &[&str]) -> Refusal {
-    Refusal::idempotency_conflict(format!(
-        "idempotency key \"{key}\" of owner \"{owner_id}\" was already used for a different intent"
+/// How an existing job of a key compares with the intent submitted again.
+pub struct Comparison {
+    /// The job's (owner_id, idempotency_key) is the submitted one (not another key whose id
+    /// collides with it).
+    pub same_key: bool,
+    pub same_provider: bool,
+    pub same_params: bool,
+    pub same_contract: bool,
+}
+
+impl Comparison {
+    /// The fingerprint fields that differ, in the order the DETAIL names them.
+    fn differing(&self) -> Vec<FingerprintField> {
+        [
+            (self.same_provider, FingerprintField::Provider),
+            (self.same_params, FingerprintField::Params),
+            (self.same_contract, FingerprintField::Contract),
+        ]
+        .into_iter()
+        .filter(|(same, _)| !same)
+        .map(|(_, field)| field)
+        .collect()
+    }
+}
+
+/// The verdict on an intent whose key has a job, for `submit_job` and every intent of
+/// `submit_jobs` alike: the job's state as the protocol reports it (a replay), or `IJ001` when
+/// the key names another intent. `lapsed` is asked only for a running job: whether its
+/// attempt ran out of lease, which makes it unknown (the deadline rule, without writing).
+pub fn verdict(
+    job_id: Uuid,
+    owner_id: &str,
+    key: &str,
+    comparison: &Comparison,
+    state: JobState,
+    lapsed: impl FnOnce() -> bool,
+) -> Answer<JobState> {
+    if !comparison.same_key {
+        return Err(refusal::id_collision(job_id));
+    }
+    let differ = comparison.differing();
+    if !differ.is_empty() {
+        return Err(refusal::fingerprint_conflict(
+            job_id, owner_id, key, &differ,
+        ));
+    }
+    Ok(crate::state::effective_job(
+        state,
+        state == JobState::Running && lapsed(),
     ))
-    .detail(format!("Job {job_id} exists with a different {}.", differ.join(", ")))
-    .hint("Resend exactly the original provider, params and contract to get the existing job, or use a new idempotency key for a new intent.")
 }

@@ -1,6 +1,8 @@
 //! The facts a refusal carries, in a form no layer has to dig out of prose.
 //!
-//! Every `IJ0xx` refusal ends its DETAIL with one line of facts after the human sentence:
+//! A refusal that knows something the caller does not (`IJ001`: which fields differ; `IJ002`,
+//! `IJ003`: which attempt blocks, in which state; `IJ004`: the job's state and version;
+//! `IJ006`: the attempt counts) ends its DETAIL with one line of facts after the sentence:
 //!
 //! ```text
 //! DETAIL:  Attempt 62ccd04c-…-0001 (no. 1) is started and its lease runs until 2026-….

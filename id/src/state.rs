@@ -179,6 +179,75 @@ pub const fn lapsed(state: AttemptState, past_deadline: bool) -> bool {
     matches!(state, AttemptState::Started) && past_deadline
 }
 
+/// The deadline rule in SQL, for an attempt row (optionally qualified by an alias): a
+/// `started` attempt whose deadline has passed, as of `statement_timestamp()` — one instant per
+/// call. Every statement of the extension and every view is built from this fragment (views
+/// spell it out, since an install script cannot call a macro; a test checks they match it).
+///
+/// ```
+/// assert_eq!(
+///     pg_intent_protocol::lapsed_sql!("a"),
+///     "(a.state = 'started' AND a.deadline <= statement_timestamp())"
+/// );
+/// ```
+#[macro_export]
+macro_rules! lapsed_sql {
+    () => {
+        concat!("(state = 'started' AND ", $crate::past_deadline_sql!(), ")")
+    };
+    ($alias:literal) => {
+        concat!(
+            "(",
+            $alias,
+            ".state = 'started' AND ",
+            $crate::past_deadline_sql!($alias),
+            ")"
+        )
+    };
+}
+
+/// The negation of [`lapsed_sql!`] for a `started` attempt: started and still within its lease.
+#[macro_export]
+macro_rules! live_sql {
+    ($alias:literal) => {
+        concat!(
+            "(",
+            $alias,
+            ".state = 'started' AND ",
+            $alias,
+            ".deadline > statement_timestamp())"
+        )
+    };
+}
+
+/// The deadline part of [`lapsed_sql!`] alone, for a row whose state was just changed (a
+/// `RETURNING` list) or is known to be `started`.
+#[macro_export]
+macro_rules! past_deadline_sql {
+    () => {
+        "deadline <= statement_timestamp()"
+    };
+    ($alias:literal) => {
+        concat!($alias, ".deadline <= statement_timestamp()")
+    };
+}
+
+/// [`AttemptState::OPEN`] as a SQL list, for `state IN …`.
+#[macro_export]
+macro_rules! open_attempt_states_sql {
+    () => {
+        "('started', 'unknown')"
+    };
+}
+
+/// [`JobState::OPEN`] as a SQL list, for `state IN …`.
+#[macro_export]
+macro_rules! open_job_states_sql {
+    () => {
+        "('pending', 'running', 'unknown')"
+    };
+}
+
 /// An attempt's state as the protocol sees it: the deadline rule applied.
 pub const fn effective_attempt(state: AttemptState, past_deadline: bool) -> AttemptState {
     if lapsed(state, past_deadline) {
@@ -279,6 +348,8 @@ const UNKNOWN: &[AttemptState] = &[A::Unknown];
 const ABANDONED: &[AttemptState] = &[A::Abandoned];
 const LIVE_OR_ABANDONED: &[AttemptState] = &[A::Started, A::Unknown, A::Abandoned];
 
+// One row per line in the table below: a positional constructor reads as the table does.
+#[allow(clippy::too_many_arguments)]
 const fn t(
     call: Call,
     attempt: &'static [AttemptState],
@@ -657,6 +728,61 @@ mod tests {
             effective_job(JobState::Cancelled, true),
             JobState::Cancelled
         );
+    }
+
+    #[test]
+    fn every_deadline_comparison_is_the_fragment() {
+        // The views spell the fragment out; the extension's statements use the macros. Any other
+        // comparison with a deadline is a second statement of the rule, which this refuses.
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+        let lapsed = lapsed_sql!("a");
+        let core = &lapsed[1..lapsed.len() - 1];
+        let mut files: Vec<std::path::PathBuf> = Vec::new();
+        for dir in ["sql", "extension/src"] {
+            for entry in std::fs::read_dir(format!("{root}/{dir}")).unwrap() {
+                let path = entry.unwrap().path();
+                if path.extension().is_some_and(|e| e == "sql" || e == "rs") {
+                    files.push(path);
+                }
+            }
+        }
+        assert!(files.len() > 10, "{files:?}");
+        let mut uses = 0;
+        for path in files {
+            let text = std::fs::read_to_string(&path).unwrap();
+            for (n, line) in text.lines().enumerate() {
+                let code = line.split("--").next().unwrap().split("//").next().unwrap();
+                for op in [
+                    "deadline <= statement_timestamp()",
+                    "deadline < statement_timestamp()",
+                    "deadline > statement_timestamp()",
+                    "deadline >= statement_timestamp()",
+                    "statement_timestamp() >",
+                    "statement_timestamp() <",
+                ] {
+                    if code.contains(op) {
+                        assert!(
+                            code.contains(core) || code.contains(&core.replace("a.", "")),
+                            "{}:{}: a deadline comparison that is not lapsed_sql!: {line}",
+                            path.display(),
+                            n + 1
+                        );
+                        uses += 1;
+                    }
+                }
+            }
+        }
+        assert!(uses >= 2, "the views use the fragment");
+    }
+
+    #[test]
+    fn the_sql_sets_are_the_state_sets() {
+        fn list<T: fmt::Display>(set: &[T]) -> String {
+            let labels: Vec<String> = set.iter().map(|s| format!("'{s}'")).collect();
+            format!("({})", labels.join(", "))
+        }
+        assert_eq!(open_attempt_states_sql!(), list(AttemptState::OPEN));
+        assert_eq!(open_job_states_sql!(), list(JobState::OPEN));
     }
 
     #[test]

@@ -943,7 +943,9 @@ pub fn job_id_of(owner: &str, key: &str) -> Uuid {
 
 /// The id of attempt `n` of a job, computed client side.
 pub fn attempt_id_of(job_id: Uuid, n: i64) -> Uuid {
-    Uuid::from_bytes(pg_intent_protocol::attempt_id(*job_id.as_bytes(), n).expect("valid attempt_no"))
+    Uuid::from_bytes(
+        pg_intent_protocol::attempt_id(*job_id.as_bytes(), n).expect("valid attempt_no"),
+    )
 }
 
 // --- reading the tables ----------------------------------------------------------------------
@@ -1040,7 +1042,8 @@ pub async fn attempt_rows(c: &Client, job_id: Uuid) -> Vec<AttemptRow> {
 
 /// One attempt row (panics when there is none).
 pub async fn attempt_row(c: &Client, attempt_id: Uuid) -> AttemptRow {
-    let job = Uuid::from_bytes(pg_intent_protocol::job_of(*attempt_id.as_bytes()).expect("attempt id"));
+    let job =
+        Uuid::from_bytes(pg_intent_protocol::job_of(*attempt_id.as_bytes()).expect("attempt id"));
     attempt_rows(c, job)
         .await
         .into_iter()
