@@ -15,7 +15,7 @@ use crate::types::{
 };
 
 /// The longest `reason` the server accepts, in characters.
-pub const MAX_REASON_CHARS: usize = 1000;
+pub use pg_intent_protocol::limits::MAX_REASON_CHARS;
 
 async fn query_one<E: Executor + ?Sized>(
     db: &E,

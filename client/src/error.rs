@@ -1,8 +1,9 @@
 //! Errors, by SQLSTATE.
 //!
-//! Every refusal of the SPEC has its own variant, chosen by the SQLSTATE alone. The facts of its
-//! DETAIL that a program acts on (which fields differ, which attempt blocks) are lifted into
-//! fields; what the server said stays reachable through [`Error::db_error`]. Errors the server
+//! Every refusal of the SPEC has its own variant, chosen by the SQLSTATE alone. The facts a
+//! program acts on (which fields differ, which attempt blocks) come from the DETAIL's facts line
+//! (`pg_intent_protocol::facts`), never from its prose; what the server said stays reachable
+//! through [`Error::db_error`]. Errors the server
 //! raised for other reasons are [`Error::Database`]; errors where the server said nothing (I/O,
 //! a closed connection) are [`Error::Connection`].
 
@@ -10,6 +11,7 @@ use tokio_postgres::error::{DbError, SqlState};
 use uuid::Uuid;
 
 use crate::types::{FingerprintField, JobState};
+use pg_intent_protocol::{Facts, SqlState as SqlStateOf};
 
 /// What went wrong with a call.
 #[derive(Debug, thiserror::Error)]
@@ -171,45 +173,54 @@ impl Context<'_> {
     }
 }
 
+/// The facts line of a DETAIL (none: no facts).
+fn facts_of(detail: &str) -> Facts {
+    Facts::from_detail(detail).unwrap_or_default()
+}
+
 impl Error {
     /// Classifies a tokio-postgres error by its SQLSTATE.
     pub(crate) fn from_pg(source: tokio_postgres::Error, cx: Context<'_>) -> Error {
         let Some(db) = source.as_db_error() else {
             return Error::Connection { source };
         };
-        let detail = db.detail().unwrap_or("");
-        match db.code().code() {
-            "IJ001" => Error::IdempotencyConflict {
+        let facts = facts_of(db.detail().unwrap_or(""));
+        let attempt_id = facts.attempt_id.map(Uuid::from_bytes);
+        let Some(code) = SqlStateOf::from_code(db.code().code()) else {
+            return Error::Database { source };
+        };
+        match code {
+            SqlStateOf::IdempotencyConflict => Error::IdempotencyConflict {
                 job_id: cx.job_id,
-                fields: differing_fields(detail),
+                fields: facts.fields.unwrap_or_default(),
                 source,
             },
-            "IJ002" => Error::AttemptInFlight {
+            SqlStateOf::AttemptInFlight => Error::AttemptInFlight {
                 job_id: cx.job_id,
-                attempt_id: first_uuid(detail),
+                attempt_id,
                 source,
             },
-            "IJ003" => Error::OutcomeUnknown {
+            SqlStateOf::OutcomeUnknown => Error::OutcomeUnknown {
                 job_id: cx.job_id,
-                attempt_id: first_uuid(detail),
+                attempt_id,
                 source,
             },
-            "IJ004" => Error::JobFinished {
+            SqlStateOf::JobFinished => Error::JobFinished {
                 job_id: cx.job_id,
-                state: terminal_state(detail),
+                state: facts.job_state.filter(|s| s.is_terminal()),
                 source,
             },
-            "IJ005" => Error::ProviderNotCertified {
+            SqlStateOf::ProviderNotCertified => Error::ProviderNotCertified {
                 job_id: cx.job_id,
                 provider: cx.provider.map(str::to_string),
                 source,
             },
-            "IJ006" => Error::AttemptsExhausted {
+            SqlStateOf::AttemptsExhausted => Error::AttemptsExhausted {
                 job_id: cx.job_id,
                 source,
             },
-            "IJ007" => Error::NotFound { id: cx.id, source },
-            "22023" => Error::InvalidInput { source },
+            SqlStateOf::NotFound => Error::NotFound { id: cx.id, source },
+            SqlStateOf::InvalidParameterValue => Error::InvalidInput { source },
             _ => Error::Database { source },
         }
     }
@@ -242,9 +253,15 @@ impl Error {
         self.db_error().map(|db| db.code().code())
     }
 
-    /// The server's DETAIL.
+    /// The server's DETAIL, as a sentence for people (its facts line left out: see
+    /// [`Error::facts`]).
     pub fn detail(&self) -> Option<&str> {
-        self.db_error().and_then(DbError::detail)
+        self.db_error().and_then(DbError::detail).map(Facts::prose)
+    }
+
+    /// The facts the refusal carries (empty for an error that carries none).
+    pub fn facts(&self) -> Facts {
+        facts_of(self.db_error().and_then(DbError::detail).unwrap_or(""))
     }
 
     /// The server's HINT: what to do next.
@@ -259,20 +276,14 @@ impl Error {
     /// 500 otherwise.
     pub fn http_status(&self) -> u16 {
         match self {
-            Error::IdempotencyConflict { .. } | Error::ProviderNotCertified { .. } => 422,
-            Error::AttemptInFlight { .. }
-            | Error::OutcomeUnknown { .. }
-            | Error::JobFinished { .. }
-            | Error::AttemptsExhausted { .. } => 409,
-            Error::NotFound { .. } => 404,
-            Error::InvalidInput { .. } | Error::Serialize(_) => 400,
+            Error::Serialize(_) => 400,
             Error::Connection { .. } => 503,
-            _ if self.is_retryable() => 503,
-            _ if self.code() == Some("42501") => 403,
-            // Other data exceptions are bad input too: a NUL byte in a text (22021), a \u0000
-            // in a JSON string that jsonb cannot store (22P05), …
-            _ if self.code().is_some_and(|c| c.starts_with("22")) => 400,
-            _ => 500,
+            // The table every layer shares (pg_intent_protocol::sqlstate): other data
+            // exceptions are bad input too (a NUL byte in a text, 22021; a \u0000 in a JSON
+            // string that jsonb cannot store, 22P05), a deadlock is retried like 40001.
+            _ => self
+                .code()
+                .map_or(500, pg_intent_protocol::sqlstate::http_status),
         }
     }
 
@@ -282,67 +293,23 @@ impl Error {
     }
 }
 
-/// The fields named after "different" in an IJ001 DETAIL (`Job … exists with a different
-/// provider, params.`).
-fn differing_fields(detail: &str) -> Vec<FingerprintField> {
-    let Some(at) = detail.find("different") else {
-        return Vec::new();
-    };
-    let mut fields: Vec<FingerprintField> = detail[at..]
-        .split(|c: char| !c.is_ascii_alphabetic() && c != '_')
-        .filter_map(FingerprintField::from_word)
-        .collect();
-    fields.dedup();
-    fields
-}
-
-/// The first UUID written in a text.
-fn first_uuid(text: &str) -> Option<Uuid> {
-    let bytes = text.as_bytes();
-    (0..bytes.len().saturating_sub(35)).find_map(|i| {
-        let window = text.get(i..i + 36)?;
-        let standalone = i == 0 || !bytes[i - 1].is_ascii_hexdigit();
-        if standalone {
-            Uuid::try_parse(window).ok()
-        } else {
-            None
-        }
-    })
-}
-
-/// The first terminal job state named in a text.
-fn terminal_state(text: &str) -> Option<JobState> {
-    text.split(|c: char| !c.is_ascii_alphabetic())
-        .filter_map(|w| w.parse::<JobState>().ok())
-        .find(|s| s.is_terminal())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn parses_the_facts_of_a_detail() {
+    fn reads_the_facts_of_a_detail() {
+        let detail = "Job 62ccd04c-f6e5-82dd-aeee-a9dac8090000 exists with a different provider, params.\n\
+                      Facts: job_id=62ccd04c-f6e5-82dd-aeee-a9dac8090000 fields=provider,params";
+        let facts = facts_of(detail);
         assert_eq!(
-            differing_fields(
-                "Job 62ccd04c-f6e5-82dd-aeee-a9dac8090000 exists with a different provider, params."
-            ),
-            vec![FingerprintField::Provider, FingerprintField::Params]
+            facts.fields,
+            Some(vec![FingerprintField::Provider, FingerprintField::Params])
         );
         assert_eq!(
-            differing_fields("Job x exists with a different contract."),
-            vec![FingerprintField::Contract]
+            Facts::prose(detail),
+            "Job 62ccd04c-f6e5-82dd-aeee-a9dac8090000 exists with a different provider, params."
         );
-        assert!(differing_fields("Two different keys derived the same job id.").is_empty());
-        assert_eq!(
-            first_uuid("Attempt 62ccd04c-f6e5-82dd-aeee-a9dac8090001 (no. 1) is started").unwrap(),
-            Uuid::parse_str("62ccd04c-f6e5-82dd-aeee-a9dac8090001").unwrap()
-        );
-        assert_eq!(first_uuid("no id here"), None);
-        assert_eq!(
-            terminal_state("Job 62ccd04c-f6e5-82dd-aeee-a9dac8090000 is cancelled (version 2)."),
-            Some(JobState::Cancelled)
-        );
-        assert_eq!(terminal_state("Job x is pending."), None);
+        assert_eq!(facts_of("no facts here"), Facts::default());
     }
 }

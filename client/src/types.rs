@@ -1,7 +1,5 @@
 //! The typed values of the API: states, requests, answers and the attempt handle.
 
-use std::fmt;
-use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
 use bytes::{BufMut, BytesMut};
@@ -13,133 +11,15 @@ use uuid::Uuid;
 use crate::Error;
 
 /// The `max_attempts` the SQL API defaults to.
-pub const DEFAULT_MAX_ATTEMPTS: u16 = 3;
+pub use pg_intent_protocol::limits::DEFAULT_MAX_ATTEMPTS;
 
 /// The lease the SQL API defaults to.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+pub const DEFAULT_LEASE: Duration =
+    Duration::from_secs(pg_intent_protocol::limits::DEFAULT_LEASE_SECS);
 
-/// An unknown label from the database (a newer extension than this client knows).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown {kind} label {label:?}")]
-pub struct UnknownLabel {
-    kind: &'static str,
-    label: String,
-}
-
-macro_rules! label_enum {
-    ($(#[$doc:meta])* $name:ident, $kind:literal, { $($(#[$vdoc:meta])* $variant:ident = $label:literal,)* }) => {
-        $(#[$doc])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-        #[serde(rename_all = "snake_case")]
-        pub enum $name {
-            $($(#[$vdoc])* $variant,)*
-        }
-
-        impl $name {
-            /// The label PostgreSQL uses.
-            pub fn as_str(self) -> &'static str {
-                match self { $($name::$variant => $label,)* }
-            }
-        }
-
-        impl FromStr for $name {
-            type Err = UnknownLabel;
-
-            fn from_str(s: &str) -> Result<Self, UnknownLabel> {
-                match s {
-                    $($label => Ok($name::$variant),)*
-                    _ => Err(UnknownLabel { kind: $kind, label: s.to_string() }),
-                }
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-    };
-}
-
-label_enum!(
-    /// `intent.job_state`.
-    JobState, "job_state", {
-        /// No open attempt; one may begin.
-        Pending = "pending",
-        /// An attempt is started and within its lease.
-        Running = "running",
-        /// The open attempt's outcome is unknown: reconcile or abandon it.
-        Unknown = "unknown",
-        /// Terminal: one attempt's result won.
-        Succeeded = "succeeded",
-        /// Terminal: a definite failure with no retry left.
-        Failed = "failed",
-        /// Terminal: the owner withdrew the intent.
-        Cancelled = "cancelled",
-    }
-);
-
-impl JobState {
-    /// `succeeded`, `failed` or `cancelled`: the job never changes again.
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            JobState::Succeeded | JobState::Failed | JobState::Cancelled
-        )
-    }
-}
-
-label_enum!(
-    /// `intent.attempt_state`.
-    AttemptState, "attempt_state", {
-        /// Handed out by `begin_attempt`; counts as unknown once its deadline passes.
-        Started = "started",
-        /// The caller's timeout fired or the lease ran out: the provider may still be working.
-        Unknown = "unknown",
-        /// Its result won and is the job's result.
-        Succeeded = "succeeded",
-        /// The provider said nothing happened, or the result broke the job's contract.
-        Failed = "failed",
-        /// Nobody waits for it any more; if it returns, the compare-and-swap decides.
-        Abandoned = "abandoned",
-        /// It returned after the outcome was decided; its result stays on the attempt.
-        Discarded = "discarded",
-    }
-);
-
-label_enum!(
-    /// `intent.completion`: the answer of `complete_attempt`.
-    Completion, "completion", {
-        /// The compare-and-swap changed the job: this result is the job's result.
-        Won = "won",
-        /// The outcome was already decided: the result is kept on the attempt only.
-        Lost = "lost",
-        /// The result broke the job's contract and can never win.
-        Rejected = "rejected",
-    }
-);
-
-/// One of the fields of an intent's fingerprint, as named by an `IJ001` DETAIL.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FingerprintField {
-    /// The provider differs.
-    Provider,
-    /// The params differ (jsonb equality).
-    Params,
-    /// The contract differs.
-    Contract,
-}
-
-impl FingerprintField {
-    pub(crate) fn from_word(w: &str) -> Option<Self> {
-        match w {
-            "provider" => Some(FingerprintField::Provider),
-            "params" => Some(FingerprintField::Params),
-            "contract" => Some(FingerprintField::Contract),
-            _ => None,
-        }
-    }
-}
+// The states, the completion and the fingerprint fields are the protocol crate's own: the
+// extension, this client and the tests read and write the very same labels.
+pub use pg_intent_protocol::{AttemptState, Completion, FingerprintField, JobState, UnknownLabel};
 
 /// An intent to submit: `intent.submit_job`'s arguments.
 ///

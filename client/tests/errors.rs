@@ -476,3 +476,87 @@ async fn unknown_labels_are_reported() {
     assert!(matches!(err, Error::UnknownLabel(_)), "{err:?}");
     assert!(err.to_string().contains("postponed"), "{err}");
 }
+
+/// A refusal's facts make the round trip: the extension writes them as the DETAIL's facts line,
+/// the client reads them back exactly, and the DETAIL it shows people is the sentence alone.
+#[tokio::test]
+async fn refusal_facts_round_trip_from_the_server() {
+    use pg_intent_client::pg_intent_protocol::{AttemptState, Facts};
+    let t = TestDb::new().await;
+    let db = t.conn().await;
+    let bytes = |id: uuid::Uuid| Some(*id.as_bytes());
+    let check = |err: &Error, want: Facts| {
+        assert_eq!(err.facts(), want, "{err:?}");
+        let detail = err.detail().expect("a DETAIL");
+        assert!(
+            !detail.is_empty() && !detail.contains("Facts:"),
+            "{detail:?}"
+        );
+    };
+
+    // IJ001: the fields that differ.
+    let j = job(&db, "facts", 1).await;
+    let err = intent::submit_job::<Value>(&db, &NewJob::new("owner", "facts", "gpu-b", &json!({})))
+        .await
+        .unwrap_err();
+    check(
+        &err,
+        Facts {
+            job_id: bytes(j),
+            fields: Some(vec![FingerprintField::Provider, FingerprintField::Params]),
+            ..Facts::default()
+        },
+    );
+
+    // IJ002, then IJ003: the blocking attempt and its state.
+    let a = intent::begin_attempt(&db, j, BeginOptions::new())
+        .await
+        .unwrap();
+    let blocking = |state| Facts {
+        job_id: bytes(j),
+        attempt_id: bytes(a.id()),
+        attempt_state: Some(state),
+        ..Facts::default()
+    };
+    let err = intent::begin_attempt(&db, j, BeginOptions::new())
+        .await
+        .unwrap_err();
+    check(&err, blocking(AttemptState::Started));
+    intent::mark_unknown(&db, a.id(), None).await.unwrap();
+    let err = intent::begin_attempt(&db, j, BeginOptions::new())
+        .await
+        .unwrap_err();
+    check(&err, blocking(AttemptState::Unknown));
+
+    // IJ006: the counts.
+    intent::abandon_attempt(&db, a.id(), "facts test")
+        .await
+        .unwrap();
+    let err = intent::begin_attempt(&db, j, BeginOptions::new())
+        .await
+        .unwrap_err();
+    check(
+        &err,
+        Facts {
+            job_id: bytes(j),
+            attempt_count: Some(1),
+            max_attempts: Some(1),
+            ..Facts::default()
+        },
+    );
+
+    // IJ004: the terminal state and version.
+    intent::cancel_job(&db, j, None).await.unwrap();
+    let err = intent::begin_attempt(&db, j, BeginOptions::new())
+        .await
+        .unwrap_err();
+    check(
+        &err,
+        Facts {
+            job_id: bytes(j),
+            job_state: Some(JobState::Cancelled),
+            version: Some(2),
+            ..Facts::default()
+        },
+    );
+}

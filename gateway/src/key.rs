@@ -25,7 +25,7 @@ use sfv::{BareItem, Item, Parser};
 pub static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// The longest key pg_intent stores, in characters (an sf-string is ASCII: bytes too).
-pub const MAX_KEY_CHARS: usize = 255;
+pub const MAX_KEY_CHARS: usize = pg_intent_client::MAX_NAME_CHARS;
 
 /// Why a request carries no usable key.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -235,10 +235,7 @@ impl From<Error> for Problem {
             p = p.with("hint", hint);
         }
         if let Error::IdempotencyConflict { job_id, fields, .. } = &e {
-            let fields: Vec<Value> = fields
-                .iter()
-                .map(|f| Value::from(format!("{f:?}").to_lowercase()))
-                .collect();
+            let fields: Vec<Value> = fields.iter().map(|f| Value::from(f.as_str())).collect();
             p = p.job(*job_id).with("differs", fields);
             p.location = None; // the job is not this request's
         }

@@ -69,7 +69,9 @@ pub const SQLSTATES: &[(SqlState, &str, &str, u16)] = &[
         SqlState::ProgramLimitExceeded,
         "54000",
         "program_limit_exceeded",
-        400,
+        // A server-side limit, not the request's fault alone (the same intents pass in
+        // smaller batches): a service answers 500, as for any unexpected refusal.
+        500,
     ),
     (
         SqlState::SerializationFailure,

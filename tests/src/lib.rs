@@ -697,7 +697,10 @@ pub struct SqlError {
     pub code: String,
     pub severity: String,
     pub message: String,
+    /// The DETAIL's sentence (its facts line, if any, is in `facts`).
     pub detail: Option<String>,
+    /// The facts line of the DETAIL, parsed (`pg_intent_protocol::facts`).
+    pub facts: Option<pg_intent_protocol::Facts>,
     pub hint: Option<String>,
 }
 
@@ -713,7 +716,10 @@ impl SqlError {
             code: db.code().code().to_string(),
             severity: db.severity().to_string(),
             message: db.message().to_string(),
-            detail: db.detail().map(str::to_string),
+            detail: db
+                .detail()
+                .map(|d| pg_intent_protocol::Facts::prose(d).to_string()),
+            facts: db.detail().and_then(pg_intent_protocol::Facts::from_detail),
             hint: db.hint().map(str::to_string),
         }
     }
