@@ -181,63 +181,8 @@ fn refused(code: &str) -> Answer {
 
 // --- the state ---------------------------------------------------------------------------------
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JobState {
-    Pending,
-    Running,
-    Unknown,
-    Succeeded,
-    Failed,
-    Cancelled,
-}
-
-impl JobState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobState::Pending => "pending",
-            JobState::Running => "running",
-            JobState::Unknown => "unknown",
-            JobState::Succeeded => "succeeded",
-            JobState::Failed => "failed",
-            JobState::Cancelled => "cancelled",
-        }
-    }
-
-    pub fn terminal(self) -> bool {
-        matches!(
-            self,
-            JobState::Succeeded | JobState::Failed | JobState::Cancelled
-        )
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AttemptState {
-    Started,
-    Unknown,
-    Succeeded,
-    Failed,
-    Abandoned,
-    Discarded,
-}
-
-impl AttemptState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AttemptState::Started => "started",
-            AttemptState::Unknown => "unknown",
-            AttemptState::Succeeded => "succeeded",
-            AttemptState::Failed => "failed",
-            AttemptState::Abandoned => "abandoned",
-            AttemptState::Discarded => "discarded",
-        }
-    }
-
-    /// Open attempts close the gate (SPEC rule 2).
-    pub fn open(self) -> bool {
-        matches!(self, AttemptState::Started | AttemptState::Unknown)
-    }
-}
+// The states are the protocol crate's: the model, the client and the extension share them.
+pub use pg_intent_protocol::{AttemptState, JobState};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Attempt {
@@ -284,7 +229,7 @@ pub struct Job {
 
 impl Job {
     fn open_attempt(&self) -> Option<usize> {
-        self.attempts.iter().position(|a| a.state.open())
+        self.attempts.iter().position(|a| a.state.is_open())
     }
 
     /// The state as the protocol reports it: a running job whose attempt is past its deadline
@@ -338,8 +283,8 @@ impl Job {
         }
         // While the job is open every attempt holds the job's version: the version only moves
         // when the job ends.
-        debug_assert!(!self.state.terminal() || self.state == JobState::Cancelled);
-        if self.state.terminal() {
+        debug_assert!(!self.state.is_terminal() || self.state == JobState::Cancelled);
+        if self.state.is_terminal() {
             return false;
         }
         self.state = to;
@@ -387,33 +332,9 @@ pub struct Certification {
     pub expired: bool,
 }
 
-/// Known differences between the documents (as the model reads them) and the extension. Each
-/// is reported as an extension bug, with an `#[ignore]`d test that fails until it is fixed.
-/// [`Quirks::SPEC`] is the documents; [`Quirks::KNOWN`] reproduces the known bugs, so that the
-/// model check stays green on them and still fails on anything new.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Quirks {
-    /// `revoke_certification` withdraws every certification of the pair that is neither
-    /// revoked nor expired, whatever contract version it was earned on, and answers `true` if
-    /// it withdrew any — even when none of them was *current* (the newest had expired, or the
-    /// contract was redefined since), where its COMMENT promises `false`.
-    pub revoke_any_standing: bool,
-}
-
-impl Quirks {
-    pub const SPEC: Quirks = Quirks {
-        revoke_any_standing: false,
-    };
-    /// None left: `revoke_certification` now withdraws only the current certification.
-    pub const KNOWN: Quirks = Quirks {
-        revoke_any_standing: false,
-    };
-}
-
 /// The whole database, as the SPEC describes it.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Model {
-    pub quirks: Quirks,
     pub jobs: BTreeMap<Uuid, Job>,
     pub contracts: BTreeMap<String, Contract>,
     /// In the order recorded (the newest of a (provider, contract) decides).
@@ -476,9 +397,8 @@ pub fn normalize_error(e: &Value) -> Value {
 
 impl Model {
     /// A model holding the given contracts (each at version 1) and nothing else.
-    pub fn with_contracts(quirks: Quirks, contracts: &[(&str, ContractDef)]) -> Model {
+    pub fn with_contracts(contracts: &[(&str, ContractDef)]) -> Model {
         Model {
-            quirks,
             contracts: contracts
                 .iter()
                 .map(|(n, d)| {
@@ -596,7 +516,7 @@ impl Model {
                 }
                 // A live lease is extended (the model has no deadlines to move); the worker of an
                 // attempt that is not started, or whose job ended, should stop.
-                Answer::Bool(a.state == AttemptState::Started && !job.state.terminal())
+                Answer::Bool(a.state == AttemptState::Started && !job.state.is_terminal())
             }
             Call::Abandon { attempt_id, reason } => {
                 if !reason_ok(reason.as_deref(), true) {
@@ -607,9 +527,9 @@ impl Model {
                 };
                 // Only a started (lapsed or not) or unknown attempt can be abandoned; its own
                 // outcome is recorded directly, without a timeout first.
-                if job.attempts[i].state.open() {
+                if job.attempts[i].state.is_open() {
                     job.attempts[i].state = AttemptState::Abandoned;
-                    if !job.state.terminal() {
+                    if !job.state.is_terminal() {
                         job.state = JobState::Pending;
                     }
                     job.log("abandoned", Some(*attempt_id));
@@ -623,7 +543,7 @@ impl Model {
                 let Some(job) = self.jobs.get_mut(job_id) else {
                     return refused("IJ007");
                 };
-                if job.state.terminal() {
+                if job.state.is_terminal() {
                     return Answer::Bool(false);
                 }
                 if let Some(i) = job.open_attempt()
@@ -713,15 +633,7 @@ impl Model {
                     .rev()
                     .find(|c| of_pair(c))
                     .is_some_and(|c| standing(c) && Some(c.contract_version) == current);
-                let any_standing = self
-                    .certifications
-                    .iter()
-                    .any(|c| of_pair(c) && standing(c));
-                let withdraw = if self.quirks.revoke_any_standing {
-                    any_standing
-                } else {
-                    newest_current
-                };
+                let withdraw = newest_current;
                 if withdraw {
                     for c in self.certifications.iter_mut() {
                         if of_pair(c) && standing(c) {
@@ -823,7 +735,7 @@ impl Model {
         let Some(job) = self.jobs.get(&job_id) else {
             return refused("IJ007");
         };
-        if job.state.terminal() {
+        if job.state.is_terminal() {
             return refused("IJ004");
         }
         if let Some(i) = job.open_attempt() {
@@ -904,7 +816,7 @@ impl Model {
                     a.result = Some(result.clone());
                     a.error = Some(violation(&name, c.version));
                     job.log("contract_violation", Some(attempt_id));
-                    if !job.state.terminal() {
+                    if !job.state.is_terminal() {
                         job.settle_failure(i, true, was_abandoned);
                     }
                     return Answer::Completion("rejected".into());
@@ -948,7 +860,7 @@ impl Model {
                 a.state = AttemptState::Failed;
                 a.finished = true;
                 a.error = Some(error.clone());
-                if job.state.terminal() {
+                if job.state.is_terminal() {
                     // Reading: the job had already finished, so the failure is late; the
                     // attempt still records what its provider said.
                     job.log_late("late_failure", attempt_id);

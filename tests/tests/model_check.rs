@@ -19,7 +19,7 @@
 //! 80 steps; `PG_INTENT_MODEL_CASES` and `PG_INTENT_MODEL_STEPS` set them exactly and
 //! `PG_INTENT_MODEL_SEED` (a number) replays a run.
 
-use pg_intent_tests::model::{Answer, Call, ContractDef, Model, Quirks, Snapshot, normalize_error};
+use pg_intent_tests::model::{Answer, Call, ContractDef, Model, Snapshot, normalize_error};
 use pg_intent_tests::*;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
@@ -376,7 +376,7 @@ fn resolve(model: &Model, op: &Op) -> Call {
             JobSel::Tried(k) => (k, kth(k, &|j| !j.attempts.is_empty())),
             JobSel::Busy(k) => (
                 k,
-                kth(k, &|j| j.attempts.iter().any(|a| a.state.open()))
+                kth(k, &|j| j.attempts.iter().any(|a| a.state.is_open()))
                     .or_else(|| kth(k, &|j| !j.attempts.is_empty())),
             ),
         };
@@ -863,7 +863,7 @@ const SETUP: &str = "
     GRANT EXECUTE ON FUNCTION public.n_is_even(jsonb) TO intent_owner;";
 
 /// Empties the database and defines the contracts every case starts with.
-async fn reset(c: &Client, quirks: Quirks) -> Model {
+async fn reset(c: &Client) -> Model {
     c.batch_execute(
         "TRUNCATE intent.events, intent.attempts, intent.certifications, intent.jobs;
          DELETE FROM intent.contracts;",
@@ -874,10 +874,7 @@ async fn reset(c: &Client, quirks: Quirks) -> Model {
         ("c_shape", ContractDef::ShapeLoose),
         ("c_even", ContractDef::EvenChecker),
     ];
-    let mut model = Model {
-        quirks,
-        ..Model::default()
-    };
+    let mut model = Model::default();
     for (name, def) in contracts {
         let call = Call::DefineContract {
             name: name.into(),
@@ -894,8 +891,8 @@ async fn reset(c: &Client, quirks: Quirks) -> Model {
 type Case = ([i32; 2], Vec<Op>);
 
 /// Runs one case on both sides; the first difference fails it with the trace so far.
-async fn run_case(c: &Client, case: &Case, quirks: Quirks, seen: &Seen) -> Result<(), String> {
-    let mut model = reset(c, quirks).await;
+async fn run_case(c: &Client, case: &Case, seen: &Seen) -> Result<(), String> {
+    let mut model = reset(c).await;
     let mut trace = String::new();
     let (prelude, ops) = case;
     let prelude = prelude
@@ -908,6 +905,7 @@ async fn run_case(c: &Client, case: &Case, quirks: Quirks, seen: &Seen) -> Resul
         });
     let mut queue: std::collections::VecDeque<Op> = prelude.chain(ops.iter().cloned()).collect();
     let mut step = 0;
+    let mut before = real_snapshot(c).await;
     while let Some(op) = queue.pop_front() {
         // A lease running out is about the job's started attempt: on a job that is open but
         // has none, one begins first; then the lease runs out, then the follow-up call meets it.
@@ -920,11 +918,9 @@ async fn run_case(c: &Client, case: &Case, quirks: Quirks, seen: &Seen) -> Resul
             };
             let job = JobSel::Id(id);
             let mut expanded = Vec::new();
-            if model
-                .jobs
-                .get(&id)
-                .is_some_and(|j| !j.state.terminal() && !j.attempts.iter().any(|a| a.state.open()))
-            {
+            if model.jobs.get(&id).is_some_and(|j| {
+                !j.state.is_terminal() && !j.attempts.iter().any(|a| a.state.is_open())
+            }) {
                 expanded.push(Op::Begin {
                     job,
                     provider: None,
@@ -939,6 +935,7 @@ async fn run_case(c: &Client, case: &Case, quirks: Quirks, seen: &Seen) -> Resul
             continue;
         }
         let call = resolve(&model, &op);
+        let model_before = model.clone();
         let expected = model.apply(&call);
         let got = run_real(c, &call).await;
         trace += &format!("  {step:>2}. {call:?}\n      -> {got:?}\n");
@@ -956,17 +953,55 @@ async fn run_case(c: &Client, case: &Case, quirks: Quirks, seen: &Seen) -> Resul
                 want.diff(&have)
             ));
         }
+        // Every change the server made is a row of the transition table.
+        for (observed, row) in transitions::observe(&call, &before, &have, &model_before, &model) {
+            match row {
+                Some(row) => seen.note_transition(row),
+                None => {
+                    return Err(format!(
+                        "step {step}: a transition that is not in pg_intent_protocol::state::TRANSITIONS\n  call: {call:?}\n  observed: {observed:?}\ntrace:\n{trace}"
+                    ));
+                }
+            }
+        }
+        before = have;
         step += 1;
     }
     Ok(())
 }
 
 /// What the runs covered: every (call, answer) pair seen, counted, so that a reader can check
-/// that the sequences reach the interesting corners (printed at the end).
+/// that the sequences reach the interesting corners (printed at the end), and how often each
+/// row of the transition table was observed.
 #[derive(Default)]
-struct Seen(Mutex<BTreeMap<String, usize>>);
+struct Seen(
+    Mutex<BTreeMap<String, usize>>,
+    Mutex<BTreeMap<usize, usize>>,
+);
 
 impl Seen {
+    fn note_transition(&self, row: usize) {
+        *self.1.lock().unwrap().entry(row).or_default() += 1;
+    }
+
+    fn transitions_report(&self) -> String {
+        let seen = self.1.lock().unwrap();
+        pg_intent_protocol::state::TRANSITIONS
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                format!(
+                    "  {:>5}  {} ({}) [{}]",
+                    seen.get(&i).copied().unwrap_or(0),
+                    t.call,
+                    t.when,
+                    i + 1
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     fn note(&self, call: &Call, answer: &Answer) {
         let call = format!("{call:?}");
         let call = call
@@ -1026,11 +1061,6 @@ fn the_server_answers_like_the_model_at_every_step() {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(1)
     });
-    // The known extension bugs (model::Quirks) are reproduced unless PG_INTENT_MODEL_STRICT=1.
-    let strict =
-        std::env::var_os("PG_INTENT_MODEL_STRICT").is_some_and(|v| v != "0" && !v.is_empty());
-    let quirks = if strict { Quirks::SPEC } else { Quirks::KNOWN };
-    eprintln!("model check: {quirks:?}");
     eprintln!(
         "model check: {cases} cases of up to {steps} steps, seed {seed} (PG_INTENT_MODEL_SEED={seed} replays it)"
     );
@@ -1060,24 +1090,24 @@ fn the_server_answers_like_the_model_at_every_step() {
     );
     let seen = Seen::default();
     let outcome = runner.run(&strategy, |case| {
-        rt.block_on(run_case(&c, &case, quirks, &seen))
+        rt.block_on(run_case(&c, &case, &seen))
             .map_err(TestCaseError::fail)
     });
     eprintln!(
-        "model check: done in {:.1?}; calls and answers seen:\n{}",
+        "model check: done in {:.1?}; calls and answers seen:\n{}\ntransitions observed, per row of the table:\n{}",
         started.elapsed(),
-        seen.report()
+        seen.report(),
+        seen.transitions_report()
     );
     if let Err(e) = outcome {
         panic!("the server and the model disagree (seed {seed}):\n{e}");
     }
 }
 
-/// The known divergence ([`Quirks::revoke_any_standing`]), as a fixed sequence checked
-/// against the documents: provider p2 is certified for c_shape, the contract is redefined (the
+/// A divergence found and fixed (revoke_certification withdrew any standing certification), as
+/// a fixed sequence checked against the documents: provider p2 is certified for c_shape, the contract is redefined (the
 /// certification no longer counts: failover is refused with IJ005), and revoking then must
-/// answer `false` ("false when there was no current certification") — the extension answers
-/// `true`. Likewise when the newest certification has expired but an older one has not.
+/// answer `false` ("false when there was no current certification"). Likewise when the newest certification has expired but an older one has not.
 #[test]
 fn revoke_answers_false_without_a_current_certification() {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -1122,10 +1152,7 @@ fn revoke_answers_false_without_a_current_certification() {
     ];
     let failures: Vec<String> = [redefined, expired]
         .into_iter()
-        .filter_map(|ops| {
-            rt.block_on(run_case(&c, &([3, 3], ops), Quirks::SPEC, &seen))
-                .err()
-        })
+        .filter_map(|ops| rt.block_on(run_case(&c, &([3, 3], ops), &seen)).err())
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -1137,4 +1164,151 @@ fn connect(rt: &Runtime) -> Client {
         c.batch_execute(SETUP).await.expect("setup");
         c
     })
+}
+
+/// The transitions a step made, read from the server's rows before and after it.
+mod transitions {
+    use super::*;
+    use pg_intent_protocol::state::{self, Observed, TRANSITIONS, Version};
+    use pg_intent_protocol::{AttemptState, EventKind, JobState};
+    use pg_intent_tests::model::JobSnap;
+
+    /// The table's call for a model call, and the attempt it names; None for the steps that
+    /// are not calls of the state machine (time passing, contracts and certifications).
+    fn call_of(call: &Call) -> Option<(state::Call, Option<Uuid>)> {
+        Some(match call {
+            Call::Submit { .. } | Call::SubmitBatch(_) => (state::Call::SubmitJob, None),
+            Call::Begin { .. } => (state::Call::BeginAttempt, None),
+            Call::Complete { attempt_id, .. } => (state::Call::CompleteAttempt, Some(*attempt_id)),
+            Call::Fail { attempt_id, .. } => (state::Call::FailAttempt, Some(*attempt_id)),
+            Call::MarkUnknown { attempt_id, .. } => (state::Call::MarkUnknown, Some(*attempt_id)),
+            Call::Heartbeat { attempt_id, .. } => (state::Call::Heartbeat, Some(*attempt_id)),
+            Call::Abandon { attempt_id, .. } => (state::Call::AbandonAttempt, Some(*attempt_id)),
+            Call::Cancel { .. } => (state::Call::CancelJob, None),
+            Call::Sweep => (state::Call::Sweep, None),
+            Call::LeaseRunsOut { .. }
+            | Call::DefineContract { .. }
+            | Call::Certify { .. }
+            | Call::Revoke { .. }
+            | Call::CertificationExpires { .. } => return None,
+        })
+    }
+
+    /// Whether the model holds this attempt as started and past its deadline.
+    fn lapsed(model: &Model, job: Uuid, attempt: Uuid) -> bool {
+        model.jobs.get(&job).is_some_and(|j| {
+            j.attempts
+                .iter()
+                .any(|a| a.id == attempt && a.state == AttemptState::Started && a.lapsed)
+        })
+    }
+
+    /// Each attempt's effective state, and the job's.
+    fn effective(snap: &JobSnap, model: &Model) -> (JobState, BTreeMap<Uuid, AttemptState>) {
+        let mut open_lapsed = false;
+        let attempts = snap
+            .attempts
+            .iter()
+            .map(|a| {
+                let stored: AttemptState = a.state.parse().expect("an attempt_state");
+                let past = lapsed(model, snap.id, a.id);
+                open_lapsed |= stored.is_open() && past;
+                (a.id, state::effective_attempt(stored, past))
+            })
+            .collect();
+        let job = state::effective_job(snap.state.parse().expect("a job_state"), open_lapsed);
+        (job, attempts)
+    }
+
+    /// Every job the step changed, as an observation and the row of TRANSITIONS that allows
+    /// it (None: no row does).
+    pub fn observe(
+        call: &Call,
+        before: &Snapshot,
+        after: &Snapshot,
+        model_before: &Model,
+        model_after: &Model,
+    ) -> Vec<(Observed, Option<usize>)> {
+        let Some((kind, named)) = call_of(call) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for job in &after.jobs {
+            let (to_job, attempts_after) = effective(job, model_after);
+            let Some(prev) = before.jobs.iter().find(|j| j.id == job.id) else {
+                let observed = Observed {
+                    call: kind,
+                    attempt: None,
+                    job: None,
+                    to_attempt: None,
+                    to_job,
+                    version: Version::First,
+                    event: None,
+                };
+                out.push((
+                    observed,
+                    TRANSITIONS.iter().position(|t| t.allows(&observed)),
+                ));
+                continue;
+            };
+            let (from_job, attempts_before) = effective(prev, model_before);
+            // Events logged by this step, less the timeouts that persisted the deadline rule
+            // for an attempt that had already lapsed (not a transition: its state was unknown).
+            let mut events: Vec<&(String, Option<Uuid>)> = job.events
+                [prev.events.len().min(job.events.len())..]
+                .iter()
+                .collect();
+            events.retain(|(kind, attempt)| {
+                !(kind == "timeout" && attempt.is_some_and(|a| lapsed(model_before, job.id, a)))
+            });
+            let changed: Vec<Uuid> = attempts_after
+                .iter()
+                .filter(|(id, s)| attempts_before.get(id) != Some(s))
+                .map(|(id, _)| *id)
+                .collect();
+            let version = if job.version == prev.version {
+                Version::Kept
+            } else {
+                Version::Bumped
+            };
+            if changed.is_empty()
+                && events.is_empty()
+                && from_job == to_job
+                && version == Version::Kept
+            {
+                continue;
+            }
+            // The attempt the call concerns: the one it names, or the one it began.
+            let concerned = named
+                .filter(|a| attempts_after.contains_key(a))
+                .or_else(|| {
+                    changed
+                        .iter()
+                        .copied()
+                        .find(|a| !attempts_before.contains_key(a))
+                });
+            let stray = changed.iter().any(|a| Some(*a) != concerned);
+            let event = match events.as_slice() {
+                [] => None,
+                [(kind, _)] => kind.parse::<EventKind>().ok(),
+                _ => None,
+            };
+            let observed = Observed {
+                call: kind,
+                attempt: concerned.and_then(|a| attempts_before.get(&a).copied()),
+                job: Some(from_job),
+                to_attempt: concerned.and_then(|a| attempts_after.get(&a).copied()),
+                to_job,
+                version,
+                event,
+            };
+            let row = if stray || events.len() > 1 {
+                None
+            } else {
+                TRANSITIONS.iter().position(|t| t.allows(&observed))
+            };
+            out.push((observed, row));
+        }
+        out
+    }
 }
