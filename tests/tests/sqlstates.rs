@@ -1,10 +1,6 @@
 //! Every documented SQLSTATE reaches a client byte-exact, with its DETAIL and HINT, through
 //! tokio-postgres (`DbError::code().code()`); a refusal writes nothing; the backend survives.
-//!
-//! pgrx would re-raise a custom SQLSTATE raised inside its guard as `XX000`, which is why the
-//! extension's C entry points raise refusals themselves once the guard is behind
-//! (extension/src/entry.rs). This file is the proof that the codes survive the trip to a real
-//! client.
+//! (Why that needs proving: extension/src/entry.rs.)
 
 use pg_intent_tests::*;
 
