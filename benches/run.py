@@ -9,6 +9,10 @@ alternating order (A B B A …) and the ratio uses the sum over all rounds, so a
 machine during the run hits both sides alike.
 
 Usage: python3 benches/run.py [--quick] [--seconds N] [--clients N] [--markdown FILE]
+       python3 benches/run.py --ab OLD_LIB [--seconds N] [--rounds N]
+           the calls of this build against another build of the extension (OLD_LIB, a
+           pg_intent.so with the same schema): the library file is swapped between runs, every
+           pgbench run opens new connections, so each side runs in backends that loaded it
        python3 benches/run.py --majors "15:BIN 16:BIN ..." [--markdown FILE]
            the submit and lifecycle pairs on each major, one after the other in one run, each
            against its baselines on the same server, and each major's throughput against the
@@ -151,9 +155,12 @@ def main():
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--markdown", type=Path, default=None, help="also write the results as Markdown")
     ap.add_argument("--majors", default=None, help="MAJOR:BIN pairs: the per-major comparison")
+    ap.add_argument("--ab", type=Path, default=None, help="OLD_LIB: this build's calls against another build's")
     args = ap.parse_args()
     if args.majors:
         return majors(args)
+    if args.ab:
+        return ab(args)
     seconds = args.seconds or (5 if args.quick else 15)
     rounds = args.rounds or (2 if args.quick else 4)
     big = 1_000_000 if args.quick else 5_000_000
@@ -237,6 +244,71 @@ def main():
             write_markdown(args, rows, ours_wal, bare_wal, wal_ratio, batch, big, lat_small, lat_big,
                            p99_ratio, len(lat), failed, jobs, clients, seconds, rounds)
     finally:
+        cluster.stop()
+
+
+# The calls compared between two builds: every kind of call a client makes (a new submit, a
+# replay, a whole lifecycle, a batch).
+AB_SCRIPTS = [
+    ("submit, new keys", "submit_new.sql", None),
+    ("submit replay", "submit_replay.sql", {"keys": 100_000}),
+    ("lifecycle (submit, begin, complete)", "lifecycle.sql", None),
+    ("submit_jobs, 100 per call", "submit_batch_100.sql", None),
+]
+
+
+def ab(args):
+    """This build's calls against another build's, on one server: the library file is swapped
+    (atomically) before each pgbench run, in alternating order, and the ratio is new ÷ old."""
+    seconds = args.seconds or 10
+    rounds = args.rounds or 4
+    clients = args.clients
+    libdir = Path(subprocess.run([str(PG_BIN / "pg_config"), "--pkglibdir"], check=True,
+                                 capture_output=True, text=True).stdout.strip())
+    live = libdir / "pg_intent.so"
+    new_lib = Path(tempfile.mkdtemp(prefix="pg_intent_ab.")) / "new.so"
+    shutil.copy2(live, new_lib)
+    libs = {"new": new_lib, "old": args.ab}
+
+    def use(side):
+        tmp = libdir / ".pg_intent.so.ab"
+        shutil.copy2(libs[side], tmp)
+        os.replace(tmp, live)
+
+    cluster = Cluster(SETTINGS)
+    try:
+        cluster.psql("CREATE DATABASE bench", db="postgres")
+        cluster.psql("CREATE EXTENSION pg_intent")
+        cluster.psql(None, file=ROOT / "benches" / "sql" / "baselines.sql")
+        cluster.psql("""
+            SELECT count(*) FROM generate_series(1, 100000) g,
+                   LATERAL intent.submit_job('replay-owner', 'replay-' || g, 'gpu-a',
+                                             '{"prompt": "a cat in a hat", "size": 512}') s""")
+        cluster.psql("VACUUM ANALYZE")
+        print(f"this build ÷ {args.ab}: {clients} clients, {rounds} rounds of {seconds}s per side, "
+              f"alternating, pgbench -M prepared, {os.cpu_count()} CPUs", flush=True)
+        print(f"{'call':40} {'sync':5} {'new tps':>10} {'old tps':>10} {'new p99':>8} {'old p99':>8} {'new÷old':>8}")
+        worst = None
+        for sync in (True, False):
+            for label, script, variables in AB_SCRIPTS:
+                res = {"new": ([], []), "old": ([], [])}
+                for r in range(rounds):
+                    for side in (("new", "old") if r % 2 == 0 else ("old", "new")):
+                        use(side)
+                        tps, lat, failed = pgbench(cluster, script, clients, seconds=seconds, sync=sync,
+                                                   variables=variables)
+                        if failed:
+                            sys.exit(f"{script} ({side}): {failed} failed transactions")
+                        res[side][0].append(tps)
+                        res[side][1].extend(lat)
+                ratio = sum(res["new"][0]) / sum(res["old"][0])
+                worst = ratio if worst is None else min(worst, ratio)
+                print(f"{label:40} {'on' if sync else 'off':5} {sum(res['new'][0]) / rounds:10.0f} "
+                      f"{sum(res['old'][0]) / rounds:10.0f} {pct(res['new'][1], 99):8.2f} "
+                      f"{pct(res['old'][1], 99):8.2f} {ratio:8.3f}", flush=True)
+        print(f"\nslowest call, new ÷ old: {worst:.3f} (target >= 0.97) {'OK' if worst >= 0.97 else 'MISSED'}")
+    finally:
+        use("new")
         cluster.stop()
 
 

@@ -477,6 +477,13 @@ async fn unknown_labels_are_reported() {
     assert!(err.to_string().contains("postponed"), "{err}");
 }
 
+/// The refusal of a `begin_attempt` that must be refused.
+async fn begin_refused(db: &impl Executor, job_id: uuid::Uuid) -> Error {
+    intent::begin_attempt(db, job_id, BeginOptions::new())
+        .await
+        .unwrap_err()
+}
+
 /// A refusal's facts make the round trip: the extension writes them as the DETAIL's facts line,
 /// the client reads them back exactly, and the DETAIL it shows people is the sentence alone.
 #[tokio::test]
@@ -485,7 +492,7 @@ async fn refusal_facts_round_trip_from_the_server() {
     let t = TestDb::new().await;
     let db = t.conn().await;
     let bytes = |id: uuid::Uuid| Some(*id.as_bytes());
-    let check = |err: &Error, want: Facts| {
+    let check = |err: Error, want: Facts| {
         assert_eq!(err.facts(), want, "{err:?}");
         let detail = err.detail().expect("a DETAIL");
         assert!(
@@ -500,7 +507,7 @@ async fn refusal_facts_round_trip_from_the_server() {
         .await
         .unwrap_err();
     check(
-        &err,
+        err,
         Facts {
             job_id: bytes(j),
             fields: Some(vec![FingerprintField::Provider, FingerprintField::Params]),
@@ -518,25 +525,16 @@ async fn refusal_facts_round_trip_from_the_server() {
         attempt_state: Some(state),
         ..Facts::default()
     };
-    let err = intent::begin_attempt(&db, j, BeginOptions::new())
-        .await
-        .unwrap_err();
-    check(&err, blocking(AttemptState::Started));
+    check(begin_refused(&db, j).await, blocking(AttemptState::Started));
     intent::mark_unknown(&db, a.id(), None).await.unwrap();
-    let err = intent::begin_attempt(&db, j, BeginOptions::new())
-        .await
-        .unwrap_err();
-    check(&err, blocking(AttemptState::Unknown));
+    check(begin_refused(&db, j).await, blocking(AttemptState::Unknown));
 
     // IJ006: the counts.
     intent::abandon_attempt(&db, a.id(), "facts test")
         .await
         .unwrap();
-    let err = intent::begin_attempt(&db, j, BeginOptions::new())
-        .await
-        .unwrap_err();
     check(
-        &err,
+        begin_refused(&db, j).await,
         Facts {
             job_id: bytes(j),
             attempt_count: Some(1),
@@ -547,11 +545,8 @@ async fn refusal_facts_round_trip_from_the_server() {
 
     // IJ004: the terminal state and version.
     intent::cancel_job(&db, j, None).await.unwrap();
-    let err = intent::begin_attempt(&db, j, BeginOptions::new())
-        .await
-        .unwrap_err();
     check(
-        &err,
+        begin_refused(&db, j).await,
         Facts {
             job_id: bytes(j),
             job_state: Some(JobState::Cancelled),
