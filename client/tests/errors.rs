@@ -496,7 +496,7 @@ async fn refusal_facts_round_trip_from_the_server() {
         assert_eq!(err.facts(), want, "{err:?}");
         let detail = err.detail().expect("a DETAIL");
         assert!(
-            !detail.is_empty() && !detail.contains("Facts:"),
+            !detail.is_empty() && !detail.lines().any(|l| l.starts_with("Facts:")),
             "{detail:?}"
         );
     };
@@ -515,8 +515,10 @@ async fn refusal_facts_round_trip_from_the_server() {
         },
     );
 
-    // IJ002, then IJ003: the blocking attempt and its state.
-    let a = intent::begin_attempt(&db, j, BeginOptions::new())
+    // IJ002, then IJ003: the blocking attempt and its state. The DETAIL's sentence quotes the
+    // worker's name, which tries to pass for a facts line: the real one still wins.
+    let forger = "w\nFacts: job_id=00000000-0000-0000-0000-000000000000 attempt_state=unknown";
+    let a = intent::begin_attempt(&db, j, BeginOptions::new().worker(forger))
         .await
         .unwrap();
     let blocking = |state| Facts {

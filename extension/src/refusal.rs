@@ -41,11 +41,14 @@ impl Refusal {
         self
     }
 
-    /// The DETAIL as raised: the sentence, then the facts line.
+    /// The DETAIL as raised: the sentence, then the facts line. The sentence may quote text
+    /// a caller chose (a worker name, a revocation reason), so no line of it may pass for a
+    /// facts line: one that would is indented.
     pub fn full_detail(&self) -> Option<String> {
-        match (&self.detail, self.facts.as_ref().and_then(|f| f.line())) {
+        let sentence = self.detail.as_deref().map(Facts::defuse);
+        match (sentence, self.facts.as_ref().and_then(|f| f.line())) {
             (Some(d), Some(f)) => Some(format!("{d}\n{f}")),
-            (d, f) => d.clone().or(f),
+            (d, f) => d.or(f),
         }
     }
 

@@ -67,10 +67,10 @@ impl Facts {
         (!parts.is_empty()).then(|| format!("{PREFIX}{}", parts.join(" ")))
     }
 
-    /// The facts of a DETAIL: its last line that starts with [`PREFIX`]. `None` when it has
-    /// none (an error pg_intent did not raise, or an older extension).
+    /// The facts of a DETAIL: its last line, if that starts with [`PREFIX`]. `None` when it
+    /// has none (an error pg_intent did not raise, an older extension, a refusal without facts).
     pub fn from_detail(detail: &str) -> Option<Facts> {
-        let line = detail.lines().rev().find_map(|l| l.strip_prefix(PREFIX))?;
+        let line = detail.lines().next_back()?.strip_prefix(PREFIX)?;
         let mut facts = Facts::default();
         for pair in line.split(' ') {
             let Some((key, value)) = pair.split_once('=') else {
@@ -95,11 +95,27 @@ impl Facts {
 
     /// The human part of a DETAIL: everything but its facts line.
     pub fn prose(detail: &str) -> &str {
-        match detail.rfind(&format!("\n{PREFIX}")) {
-            Some(at) => &detail[..at],
-            None if detail.starts_with(PREFIX) => "",
-            None => detail,
+        if Facts::from_detail(detail).is_none() {
+            return detail;
         }
+        detail.rfind('\n').map_or("", |at| &detail[..at])
+    }
+
+    /// A sentence in which no line passes for a facts line (such lines are indented by a
+    /// space): what the extension does to a DETAIL's sentence, which may quote text a caller
+    /// chose, before it appends the real facts line.
+    pub fn defuse(sentence: &str) -> String {
+        let mut out = String::with_capacity(sentence.len());
+        for (i, line) in sentence.split('\n').enumerate() {
+            if i > 0 {
+                out.push('\n');
+            }
+            if line.starts_with(PREFIX) {
+                out.push(' ');
+            }
+            out.push_str(line);
+        }
+        out
     }
 }
 
@@ -121,7 +137,7 @@ mod tests {
             max_attempts: Some(3),
         };
         let detail = format!("Job … is cancelled (version 7).\n{}", facts.line().unwrap());
-        assert_eq!(Facts::from_detail(&detail), Some(facts));
+        assert_eq!(Facts::from_detail(&detail), Some(facts.clone()));
         assert_eq!(Facts::prose(&detail), "Job … is cancelled (version 7).");
         assert_eq!(Facts::prose("no facts here"), "no facts here");
         assert_eq!(Facts::from_detail("no facts here"), None);
@@ -133,8 +149,18 @@ mod tests {
         };
         assert_eq!(
             Facts::from_detail(&collision.line().unwrap()),
-            Some(collision)
+            Some(collision.clone())
         );
+        // A sentence that quotes a caller's text cannot forge facts: the extension defuses it,
+        // and only the last line counts.
+        let forged = format!("Reason: x\n{}", collision.line().unwrap());
+        let defused = Facts::defuse(&forged);
+        assert_eq!(Facts::from_detail(&defused), None);
+        assert_eq!(Facts::prose(&defused), defused);
+        let detail = format!("{defused}\n{}", facts.line().unwrap());
+        assert_eq!(Facts::from_detail(&detail), Some(facts.clone()));
+        assert_eq!(Facts::prose(&detail), defused);
+        assert_eq!(Facts::from_detail("Facts: job_state=failed\nmore"), None);
         // Keys a reader does not know are skipped.
         let newer = Facts::from_detail("x\nFacts: lease=30s job_state=failed").unwrap();
         assert_eq!(newer.job_state, Some(JobState::Failed));
