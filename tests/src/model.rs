@@ -183,6 +183,7 @@ fn refused(code: &str) -> Answer {
 
 // The states are the protocol crate's: the model, the client and the extension share them.
 pub use pg_intent_protocol::{AttemptState, JobState};
+use pg_intent_protocol::limits::{MAX_LEASE_MICROS, MAX_NAME_CHARS, MAX_REASON_CHARS};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Attempt {
@@ -342,18 +343,18 @@ pub struct Model {
 }
 
 fn name_ok(s: &str) -> bool {
-    (1..=255).contains(&s.chars().count())
+    (1..=MAX_NAME_CHARS).contains(&s.chars().count())
 }
 
 fn reason_ok(reason: Option<&str>, required: bool) -> bool {
     match reason {
         None => !required,
-        Some(r) => (1..=1000).contains(&r.chars().count()),
+        Some(r) => (1..=MAX_REASON_CHARS).contains(&r.chars().count()),
     }
 }
 
 fn interval_ok(secs: i64) -> bool {
-    (1..=24 * 3600).contains(&secs)
+    (1..=(MAX_LEASE_MICROS / 1_000_000) as i64).contains(&secs)
 }
 
 /// The job id of an attempt id: its last two bytes zeroed (SPEC § Names).
@@ -673,7 +674,7 @@ impl Model {
             || !name_ok(key)
             || !name_ok(provider)
             || contract.is_some_and(|c| !name_ok(c))
-            || !(1..=65535).contains(&max_attempts)
+            || !(1..=pg_intent_protocol::MAX_ATTEMPT_NO as i32).contains(&max_attempts)
         {
             return refused("22023");
         }
