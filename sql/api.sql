@@ -56,12 +56,29 @@ AS 'MODULE_PATHNAME', 'intent_complete_attempt';
 COMMENT ON FUNCTION intent.complete_attempt(uuid, bigint, jsonb) IS
     'Reports an attempt''s result. won: the compare-and-swap made it the job''s result. lost: the outcome was already decided; the result is kept on the attempt (discarded) and the race is logged. rejected: it broke the job''s contract. Asking again returns the same answer.';
 
-CREATE FUNCTION intent.fail_attempt(attempt_id uuid, version bigint, error jsonb, retryable boolean DEFAULT true)
+CREATE FUNCTION intent.fail_attempt(
+    attempt_id uuid,
+    version bigint,
+    error jsonb,
+    retryable boolean DEFAULT true,
+    retry_after interval DEFAULT NULL)
 RETURNS intent.job_state
 LANGUAGE c VOLATILE SECURITY DEFINER
 AS 'MODULE_PATHNAME', 'intent_fail_attempt';
-COMMENT ON FUNCTION intent.fail_attempt(uuid, bigint, jsonb, boolean) IS
-    'Reports a definite failure: the provider said nothing happened. The job returns to pending if retryable and attempts remain, else fails. Never report a timeout here: use mark_unknown.';
+COMMENT ON FUNCTION intent.fail_attempt(uuid, bigint, jsonb, boolean, interval) IS
+    'Reports a definite failure: the provider said nothing happened. The job returns to pending if retryable and attempts remain, else fails. A pending job is claimable again after retry_after (NULL: the backoff of intent.retry_backoff, doubled per failed attempt, capped at intent.retry_backoff_max). Never report a timeout here: use mark_unknown.';
+
+CREATE FUNCTION intent.claim_attempts(
+    providers text[] DEFAULT NULL,
+    worker text DEFAULT NULL,
+    lease interval DEFAULT '30 seconds',
+    max_jobs integer DEFAULT 1)
+RETURNS TABLE (job_id uuid, attempt_id uuid, attempt_no integer, version bigint, deadline timestamptz,
+               provider text, params jsonb, contract text)
+LANGUAGE c VOLATILE SECURITY DEFINER
+AS 'MODULE_PATHNAME', 'intent_claim_attempts';
+COMMENT ON FUNCTION intent.claim_attempts(text[], text, interval, integer) IS
+    'Begins the next attempt, on the job''s own provider, of up to max_jobs (1 to 1000) jobs that may begin one now: pending, attempts left, retry time passed, provider in providers (any when NULL), longest-waiting first. Each row is what begin_attempt(job_id, NULL, lease, worker) would have begun. Concurrent claimers get disjoint jobs and never wait for a job another transaction holds (SKIP LOCKED).';
 
 CREATE FUNCTION intent.mark_unknown(attempt_id uuid, reason text DEFAULT NULL)
 RETURNS void

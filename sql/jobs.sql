@@ -20,6 +20,9 @@ CREATE TABLE intent.jobs (
     attempt_count   integer             NOT NULL DEFAULT 0,
     created_at      timestamptz         NOT NULL DEFAULT now(),
     updated_at      timestamptz         NOT NULL DEFAULT now(),
+    -- Last, so that a database upgraded from 0.2.0 (ALTER TABLE … ADD COLUMN) has the same
+    -- columns in the same places as a fresh install.
+    retry_at        timestamptz,
 
     CONSTRAINT jobs_pkey PRIMARY KEY (id),
     -- The rule "one job per intent" is this constraint, nothing else.
@@ -67,6 +70,8 @@ COMMENT ON COLUMN intent.jobs.attempt_count IS
     'How many attempts exist under this job; the next attempt gets attempt_no = attempt_count + 1.';
 COMMENT ON COLUMN intent.jobs.created_at IS 'When the intent was first submitted.';
 COMMENT ON COLUMN intent.jobs.updated_at IS 'When the job row last changed (state, version, outcome).';
+COMMENT ON COLUMN intent.jobs.retry_at IS
+    'After a retryable failure, when claim_attempts may begin the next attempt (fail_attempt''s retry_after, or the backoff of intent.retry_backoff). NULL: claimable as soon as pending. begin_attempt is not held back by it.';
 
 COMMENT ON CONSTRAINT jobs_owner_key_unique ON intent.jobs IS
     'One job per intent: concurrent submits of one key meet here, never in application code.';
@@ -86,6 +91,14 @@ COMMENT ON INDEX intent.jobs_owner_key_unique IS 'One job per intent: the index 
 -- never changes, so the index costs next to nothing to keep and never blocks HOT updates.
 CREATE INDEX jobs_created_at ON intent.jobs USING brin (created_at);
 COMMENT ON INDEX intent.jobs_created_at IS 'Finds old jobs for intent.purge(); BRIN, cheap to maintain.';
+
+-- For intent.claim_attempts(): the jobs that may begin an attempt now, longest-waiting first
+-- (since their retry time, or since they became pending). Partial, so that its size is the
+-- queue's, whatever the number of finished jobs.
+CREATE INDEX jobs_claimable ON intent.jobs ((coalesce(retry_at, updated_at)))
+    WHERE state = 'pending' AND attempt_count < max_attempts;
+COMMENT ON INDEX intent.jobs_claimable IS
+    'The claimable jobs, in the order claim_attempts takes them; only pending jobs with attempts left are in it.';
 
 -- What a purge leaves of a job: its id and the last version it handed out. Ids and attempt ids
 -- are derived from the key, so a new job of a purged key has the old job's ids; it starts above

@@ -381,7 +381,11 @@ fn find(
 fn insert(client: &mut SpiClient<'_>, pending: &[Item], answers: &mut [Option<Answer<Outcome>>]) {
     let mut seen = HashSet::with_capacity(pending.len());
     let first: Vec<&Item> = pending.iter().filter(|i| seen.insert(i.job_id)).collect();
-    let by_id: HashMap<Uuid, usize> = first.iter().map(|i| (i.job_id, i.ord)).collect();
+    let by_id: HashMap<Uuid, (usize, usize)> = first
+        .iter()
+        .enumerate()
+        .map(|(n, i)| (i.job_id, (i.ord, n)))
+        .collect();
     let last = first
         .iter()
         .map(|i| i.max_attempts)
@@ -391,7 +395,8 @@ fn insert(client: &mut SpiClient<'_>, pending: &[Item], answers: &mut [Option<An
     for row in rows {
         let id: Uuid = row.get(1).ok().flatten().expect("id is NOT NULL");
         let version: i64 = row.get(2).ok().flatten().expect("version is NOT NULL");
-        answers[by_id[&id]] = Some(Ok(Outcome {
+        crate::claim::notify_claimable(&first[by_id[&id].1].provider);
+        answers[by_id[&id].0] = Some(Ok(Outcome {
             job_id: Some(id),
             created: true,
             state: JobState::Pending,

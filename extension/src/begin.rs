@@ -25,7 +25,8 @@ static START_ATTEMPT: Statement = Statement {
               VALUES ($1, $2, $3, $4, $5, 'started', $6, $7, $8, statement_timestamp(), statement_timestamp() + $8)
               RETURNING deadline),
           j AS (
-              UPDATE intent.jobs SET state = 'running', attempt_count = $4, updated_at = statement_timestamp()
+              UPDATE intent.jobs SET state = 'running', attempt_count = $4, retry_at = NULL,
+                                     updated_at = statement_timestamp()
                WHERE id = $2)
           SELECT deadline FROM a",
     args: &[

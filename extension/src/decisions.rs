@@ -12,6 +12,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 /// The gate opens, but the attempt is not forgotten: if it returns, the compare-and-swap decides.
+/// The job is claimable at once (no retry time).
 static ABANDON: Statement = Statement {
     name: Name::Abandon,
     sql: concat!(
@@ -22,7 +23,7 @@ static ABANDON: Statement = Statement {
         "
               RETURNING id, job_id, owner_id),
           j AS (
-              UPDATE intent.jobs SET state = 'pending', updated_at = statement_timestamp()
+              UPDATE intent.jobs SET state = 'pending', retry_at = NULL, updated_at = statement_timestamp()
                WHERE id = (SELECT job_id FROM a) AND state IN ('running', 'unknown'))
           INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
           SELECT a.job_id, a.owner_id, a.id, 'abandoned',
@@ -72,9 +73,14 @@ fn abandon(attempt_id: Option<Uuid>, reason: Option<&str>) -> Answer<()> {
     let attempt_id = input::required("attempt_id", attempt_id)?;
     let reason = input::reason(reason, true)?;
     Spi::connect_mut(|client| {
-        let (_job, attempt) = job::lock_for_attempt(client, attempt_id)?;
+        let (job, attempt) = job::lock_for_attempt(client, attempt_id)?;
         // Abandoning an attempt that already has an outcome (or was abandoned) changes nothing.
         if attempt.state.is_open() {
+            // The job becomes pending (unless it already ended): claimable now, if it has
+            // attempts left.
+            if !job.is_terminal() && job.attempt_count < job.max_attempts {
+                crate::claim::notify_claimable(&job.provider);
+            }
             plans::run(
                 client,
                 &ABANDON,

@@ -14,6 +14,7 @@ use crate::refusal::Answer;
 use crate::state::{AttemptState, JobState, open_job_states_sql};
 use pg_intent_protocol::Completion;
 use pgrx::Uuid;
+use pgrx::datum::Interval;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
@@ -102,12 +103,22 @@ static FAIL_JOB: Statement = Statement {
     ],
 };
 
-/// The gate opens: the job may take a new attempt.
+/// The gate opens: the job may take a new attempt, and claim_attempts may begin it once its
+/// retry time has come: `$2` after now, or the default backoff (intent.retry_backoff doubled
+/// for each failed attempt of the job but the first, at most intent.retry_backoff_max; the
+/// exponent stops at 30, where any sane maximum has long been reached). Answers whether the job
+/// is claimable at once.
 static REOPEN_JOB: Statement = Statement {
     name: Name::ReopenJob,
-    sql: "UPDATE intent.jobs SET state = 'pending', updated_at = statement_timestamp()
-           WHERE id = $1 AND state IN ('running', 'unknown')",
-    args: &[pg_sys::UUIDOID],
+    sql: "UPDATE intent.jobs j SET state = 'pending', updated_at = statement_timestamp(),
+                 retry_at = statement_timestamp() + coalesce($2, least(
+                     current_setting('intent.retry_backoff')::interval
+                       * power(2, least(30, greatest(0, (SELECT count(*) FROM intent.attempts a
+                                                          WHERE a.job_id = j.id AND a.state = 'failed') - 1))),
+                     current_setting('intent.retry_backoff_max')::interval))
+           WHERE j.id = $1 AND j.state IN ('running', 'unknown')
+          RETURNING j.retry_at <= statement_timestamp()",
+    args: &[pg_sys::UUIDOID, pg_sys::INTERVALOID],
 };
 
 /// A failure that arrived after the job's outcome was decided.
@@ -217,13 +228,15 @@ crate::entry::sql_function!(
     c"intent.fail_attempt"
 );
 
-/// `intent.fail_attempt(attempt_id, version, error, retryable)` → `intent.job_state`.
+/// `intent.fail_attempt(attempt_id, version, error, retryable, retry_after)` →
+/// `intent.job_state`.
 fn fail_attempt(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
     let state = fail(
         arg(fcinfo, 0),
         arg(fcinfo, 1),
         arg(fcinfo, 2),
         arg(fcinfo, 3),
+        arg(fcinfo, 4),
     )?;
     Ok(enum_value(result_type(fcinfo), state.as_str()))
 }
@@ -233,11 +246,13 @@ fn fail(
     version: Option<i64>,
     error: Option<Jsonb>,
     retryable: Option<bool>,
+    retry_after: Option<Interval>,
 ) -> Answer<JobState> {
     let attempt_id = input::required("attempt_id", attempt_id)?;
     let version = input::required("version", version)?;
     let error = input::document("error", error)?;
     let retryable = input::required("retryable", retryable)?;
+    let retry_after = input::retry_after(retry_after)?;
 
     Spi::connect_mut(|client| {
         let (job, attempt) = job::lock_for_attempt(client, attempt_id)?;
@@ -262,7 +277,15 @@ fn fail(
             return Ok(job.state);
         }
         Ok(settle_failure(
-            client, &job, &attempt, error, None, retryable,
+            client,
+            &job,
+            &attempt,
+            error,
+            None,
+            Retry {
+                retryable,
+                after: retry_after,
+            },
         ))
     })
 }
@@ -298,7 +321,18 @@ fn reject(
         );
         return;
     }
-    settle_failure(client, job, attempt, error, Some(result), true);
+    let retry = Retry {
+        retryable: true,
+        after: None,
+    };
+    settle_failure(client, job, attempt, error, Some(result), retry);
+}
+
+/// Whether a failure may be retried, and after how long (None: the default backoff).
+#[derive(Clone, Copy)]
+struct Retry {
+    retryable: bool,
+    after: Option<Interval>,
 }
 
 /// A definite failure of an attempt of an open job: records it and moves the job. Returns the
@@ -309,7 +343,7 @@ fn settle_failure(
     attempt: &Attempt,
     error: Jsonb,
     result: Option<Jsonb>,
-    retryable: bool,
+    retry: Retry,
 ) -> JobState {
     let was_open = attempt.state.is_open();
     plans::run(
@@ -320,7 +354,7 @@ fn settle_failure(
     // An abandoned attempt failing leaves the open attempt, if any, in charge of the job.
     let other_open = !was_open && job::open_attempt(client, job.id).is_some();
     let exhausted = job.attempt_count >= job.max_attempts;
-    if !retryable || (exhausted && !other_open) {
+    if !retry.retryable || (exhausted && !other_open) {
         let row = plans::first(plans::run(
             client,
             &FAIL_JOB,
@@ -337,7 +371,14 @@ fn settle_failure(
         };
     }
     if !other_open {
-        plans::run(client, &REOPEN_JOB, &[job.id.into()]);
+        let reopened = plans::first(plans::run(
+            client,
+            &REOPEN_JOB,
+            &[job.id.into(), retry.after.into()],
+        ));
+        if reopened.is_some_and(|row| plans::must::<bool>(&row, 1)) {
+            crate::claim::notify_claimable(&job.provider);
+        }
         return JobState::Pending;
     }
     effective_state(client, job)

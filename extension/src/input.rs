@@ -5,7 +5,7 @@ use crate::jsonb::Jsonb;
 use crate::refusal::{Answer, Refusal};
 pub use pg_intent_protocol::limits::{
     MAX_ATTEMPT_NO, MAX_DOCUMENT_BYTES, MAX_LEASE_MICROS, MAX_NAME_CHARS, MAX_REASON_CHARS,
-    MAX_RESULT_BYTES,
+    MAX_RESULT_BYTES, MAX_RETRY_AFTER_MICROS,
 };
 use pgrx::datum::Interval;
 
@@ -83,6 +83,24 @@ pub fn lease(arg: &str, value: Option<Interval>) -> Answer<Interval> {
         .hint("Ask for a short lease and extend it with intent.heartbeat() while the work runs."));
     }
     Ok(value)
+}
+
+/// A `retry_after`: NULL (the default backoff), or zero to 30 days, checked part by part as
+/// [`lease`] is: no months, no negative part.
+pub fn retry_after(value: Option<Interval>) -> Answer<Option<Interval>> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let (months, days, micros) = (value.months(), value.days(), value.micros());
+    let total = i128::from(days) * 86_400_000_000 + i128::from(micros);
+    if months != 0 || days < 0 || micros < 0 || total > MAX_RETRY_AFTER_MICROS {
+        return Err(
+            Refusal::bad_input("retry_after must be between 0 and 30 days")
+                .detail(format!("retry_after is {value}."))
+                .hint("Pass NULL for the default backoff (intent.retry_backoff)."),
+        );
+    }
+    Ok(Some(value))
 }
 
 /// Whether every part of an interval is small enough (under ten thousand years) that adding it

@@ -28,11 +28,13 @@ pub extern "C-unwind" fn _PG_init() {
     }
     owner::register();
     purge::register();
+    claim::register();
 }
 
 mod batch;
 mod begin;
 mod checker;
+mod claim;
 mod contract;
 mod decisions;
 mod direct;

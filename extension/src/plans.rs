@@ -23,6 +23,8 @@ pub enum Name {
     DefinedContracts,
     // begin.rs
     StartAttempt,
+    // claim.rs
+    Claim,
     // contract.rs
     Contract,
     CallerMayUse,

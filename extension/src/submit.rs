@@ -149,6 +149,7 @@ fn submit(
                 ],
             );
             if let Some(row) = plans::first(inserted) {
+                crate::claim::notify_claimable(provider);
                 return Ok(Submitted {
                     job_id,
                     created: true,

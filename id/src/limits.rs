@@ -45,3 +45,9 @@ pub const MAX_BATCH_RESULT_BYTES: usize = 64 * 1024 * 1024;
 
 /// The largest `batch_size` of `purge`.
 pub const MAX_PURGE_BATCH: i32 = 100_000;
+
+/// The most jobs one `claim_attempts` call begins.
+pub const MAX_CLAIM: usize = 1000;
+
+/// The longest `retry_after` of `fail_attempt`, in microseconds (30 days, on the clock).
+pub const MAX_RETRY_AFTER_MICROS: i128 = 30 * 24 * 3600 * 1_000_000;

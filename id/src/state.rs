@@ -274,6 +274,8 @@ label_enum!(
         SubmitJob = "submit_job",
         /// `begin_attempt`.
         BeginAttempt = "begin_attempt",
+        /// `claim_attempts`: `begin_attempt` for each job it takes.
+        ClaimAttempts = "claim_attempts",
         /// `complete_attempt`.
         CompleteAttempt = "complete_attempt",
         /// `fail_attempt`.
@@ -380,6 +382,7 @@ const fn t(
 pub const TRANSITIONS: &[Transition] = &[
     t(Call::SubmitJob, &[], &[], None, Some(J::Pending), Version::First, None, "a new (owner_id, idempotency_key)"),
     t(Call::BeginAttempt, &[], &[J::Pending], Some(A::Started), Some(J::Running), Version::Kept, None, "attempts left; the job's provider, or one certified for its contract"),
+    t(Call::ClaimAttempts, &[], &[J::Pending], Some(A::Started), Some(J::Running), Version::Kept, None, "attempts left, retry time passed; on the job's own provider"),
     t(Call::CompleteAttempt, STARTED, &[J::Running], Some(A::Succeeded), Some(J::Succeeded), Version::Bumped, None, "won: the compare-and-swap"),
     t(Call::CompleteAttempt, UNKNOWN, &[J::Unknown], Some(A::Succeeded), Some(J::Succeeded), Version::Bumped, None, "won: a late result reconciles the unknown"),
     t(Call::CompleteAttempt, ABANDONED, OPEN_JOB, Some(A::Succeeded), Some(J::Succeeded), Version::Bumped, None, "won: an abandoned attempt came back first"),

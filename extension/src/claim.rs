@@ -1,0 +1,209 @@
+//! Workers: `claim_attempts` (the database as the dispatcher), the retry backoff settings, and
+//! the `intent_claimable` notification.
+//!
+//! A claim is `begin_attempt` for jobs the database picks: pending, attempts left, retry time
+//! passed, longest-waiting first. It locks the jobs it takes `FOR NO KEY UPDATE SKIP LOCKED`, as
+//! every call locks a job before changing it, but never waits for one another transaction holds:
+//! concurrent claimers take disjoint jobs. It scans the partial index `jobs_claimable`, whose
+//! size is the queue's, whatever the number of finished jobs.
+
+use crate::entry::{arg, one_row_each};
+use crate::input;
+use crate::jsonb::{CallJsonb, Jsonb};
+use crate::plans::{self, Name, Statement};
+use crate::refusal::{Answer, Refusal};
+use pg_intent_protocol::limits::MAX_CLAIM;
+use pgrx::datum::{Interval, TimestampWithTimeZone};
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::{IntoDatum, Uuid};
+use std::ffi::CString;
+
+/// `intent.retry_backoff`: the first retry's delay; read by the statements as an interval.
+static RETRY_BACKOFF: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"1 second"));
+/// `intent.retry_backoff_max`: the longest default delay.
+static RETRY_BACKOFF_MAX: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"5 minutes"));
+/// `intent.notify`: whether a job that becomes claimable at once sends `NOTIFY intent_claimable`.
+static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(true);
+
+/// The channel idle workers `LISTEN` on.
+pub const CHANNEL: &str = "intent_claimable";
+
+/// Registers the worker settings; called from `_PG_init`.
+pub fn register() {
+    GucRegistry::define_string_guc(
+        c"intent.retry_backoff",
+        c"The delay before a job is claimable again after its first retryable failure (an interval).",
+        c"Doubled for each further failed attempt of the job, up to intent.retry_backoff_max. Used when fail_attempt gets no retry_after.",
+        &RETRY_BACKOFF,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"intent.retry_backoff_max",
+        c"The longest delay the default backoff gives (an interval).",
+        c"Caps intent.retry_backoff doubled per failed attempt.",
+        &RETRY_BACKOFF_MAX,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"intent.notify",
+        c"Whether pg_intent sends NOTIFY intent_claimable when a job becomes claimable at once.",
+        c"The payload is the job's provider; it is delivered at commit. Off: workers poll.",
+        &NOTIFY,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+}
+
+/// Tells idle workers that a job of `provider` is claimable now (at commit), unless
+/// `intent.notify` is off. NOTIFY folds identical notifications of one transaction into one.
+pub fn notify_claimable(provider: &str) {
+    if !NOTIFY.get() {
+        return;
+    }
+    // pg_notify through the function manager: PostgreSQL's own checks and errors, under pgrx's
+    // guard (a direct Async_Notify is not in pgrx's bindings).
+    pgrx::direct_function_call::<()>(
+        pg_sys::pg_notify,
+        &[CHANNEL.into_datum(), provider.into_datum()],
+    );
+}
+
+/// Begins the next attempt of up to `$4` claimable jobs. `c` takes the jobs (skipping those
+/// another transaction holds); `a` inserts their attempts as begin_attempt would (its version,
+/// its worker, its lease); `j` marks them running and clears their retry time.
+static CLAIM: Statement = Statement {
+    name: Name::Claim,
+    sql: "WITH c AS (
+              SELECT j.id, j.owner_id, j.attempt_count + 1 AS attempt_no, j.version, j.provider, j.params, j.contract,
+                     coalesce(j.retry_at, j.updated_at) AS since
+                FROM intent.jobs j
+               WHERE j.state = 'pending' AND j.attempt_count < j.max_attempts
+                 AND coalesce(j.retry_at, j.updated_at) <= statement_timestamp()
+                 AND ($1::text[] IS NULL OR j.provider = ANY ($1::text[]))
+               ORDER BY coalesce(j.retry_at, j.updated_at)
+               LIMIT $4
+                 FOR NO KEY UPDATE OF j SKIP LOCKED),
+          a AS (
+              INSERT INTO intent.attempts
+                     (id, job_id, owner_id, attempt_no, provider, state, version_read, worker, lease, started_at, deadline)
+              SELECT intent.attempt_id(c.id, c.attempt_no), c.id, c.owner_id, c.attempt_no, c.provider, 'started',
+                     c.version, $2, $3, statement_timestamp(), statement_timestamp() + $3
+                FROM c
+              RETURNING id, job_id, deadline),
+          j AS (
+              UPDATE intent.jobs SET state = 'running', attempt_count = c.attempt_no, retry_at = NULL,
+                                     updated_at = statement_timestamp()
+                FROM c WHERE intent.jobs.id = c.id)
+          SELECT c.id, a.id, c.attempt_no::int4, c.version::int8, a.deadline, c.provider::text, c.params, c.contract::text
+            FROM c JOIN a ON a.job_id = c.id
+           ORDER BY c.since",
+    args: &[
+        pg_sys::TEXTARRAYOID,
+        pg_sys::TEXTOID,
+        pg_sys::INTERVALOID,
+        pg_sys::INT4OID,
+    ],
+};
+
+/// One claimed attempt, copied out of SPI's memory.
+struct Claimed {
+    job_id: Uuid,
+    attempt_id: Uuid,
+    attempt_no: i32,
+    version: i64,
+    deadline: TimestampWithTimeZone,
+    provider: String,
+    params: Jsonb,
+    contract: Option<String>,
+}
+
+crate::entry::sql_function!(
+    intent_claim_attempts,
+    pg_finfo_intent_claim_attempts,
+    claim_attempts,
+    c"intent.claim_attempts"
+);
+
+/// `intent.claim_attempts(providers, worker, lease, max_jobs)`.
+fn claim_attempts(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
+    let providers: Option<Vec<Option<String>>> = arg(fcinfo, 0);
+    let worker: Option<&str> = arg(fcinfo, 1);
+    let lease: Option<Interval> = arg(fcinfo, 2);
+    let max_jobs: Option<i32> = arg(fcinfo, 3);
+    let claimed = claim(providers, worker, lease, max_jobs)?;
+    Ok(one_row_each(fcinfo, claimed.len(), |i, _| {
+        let c = &claimed[i];
+        vec![
+            c.job_id.into_datum(),
+            c.attempt_id.into_datum(),
+            c.attempt_no.into_datum(),
+            c.version.into_datum(),
+            c.deadline.into_datum(),
+            c.provider.as_str().into_datum(),
+            c.params.into_datum(),
+            c.contract.as_deref().into_datum(),
+        ]
+    }))
+}
+
+fn claim(
+    providers: Option<Vec<Option<String>>>,
+    worker: Option<&str>,
+    lease: Option<Interval>,
+    max_jobs: Option<i32>,
+) -> Answer<Vec<Claimed>> {
+    let providers = match providers {
+        None => None,
+        Some(list) => Some(
+            list.iter()
+                .map(|p| input::name("providers", p.as_deref()).map(str::to_string))
+                .collect::<Answer<Vec<String>>>()?,
+        ),
+    };
+    let worker = input::optional_name("worker", worker)?;
+    let lease = input::lease("lease", lease)?;
+    let max_jobs = input::required("max_jobs", max_jobs)?;
+    if !(1..=MAX_CLAIM as i32).contains(&max_jobs) {
+        return Err(
+            Refusal::bad_input(format!("max_jobs must be between 1 and {MAX_CLAIM}"))
+                .detail(format!("max_jobs is {max_jobs}.")),
+        );
+    }
+    Ok(Spi::connect_mut(|client| {
+        plans::run(
+            client,
+            &CLAIM,
+            &[
+                providers.into(),
+                worker.into(),
+                lease.into(),
+                max_jobs.into(),
+            ],
+        )
+        .map(|row| {
+            let not_null = |n| -> ! { panic!("pg_intent: claim column {n} is unexpectedly NULL") };
+            Claimed {
+                job_id: row.get(1).ok().flatten().unwrap_or_else(|| not_null(1)),
+                attempt_id: row.get(2).ok().flatten().unwrap_or_else(|| not_null(2)),
+                attempt_no: row.get(3).ok().flatten().unwrap_or_else(|| not_null(3)),
+                version: row.get(4).ok().flatten().unwrap_or_else(|| not_null(4)),
+                deadline: row.get(5).ok().flatten().unwrap_or_else(|| not_null(5)),
+                provider: row.get(6).ok().flatten().unwrap_or_else(|| not_null(6)),
+                params: row
+                    .get::<CallJsonb>(7)
+                    .ok()
+                    .flatten()
+                    .unwrap_or_else(|| not_null(7))
+                    .0,
+                contract: row.get(8).ok().flatten(),
+            }
+        })
+        .collect()
+    }))
+}
