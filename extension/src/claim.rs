@@ -68,10 +68,13 @@ pub fn notify_claimable(provider: &str) {
     }
     // pg_notify through the function manager: PostgreSQL's own checks and errors, under pgrx's
     // guard (a direct Async_Notify is not in pgrx's bindings).
-    pgrx::direct_function_call::<()>(
-        pg_sys::pg_notify,
-        &[CHANNEL.into_datum(), provider.into_datum()],
-    );
+    // SAFETY: pg_notify(text, text) with two text datums, as its SQL signature says.
+    unsafe {
+        pgrx::direct_function_call::<()>(
+            pg_sys::pg_notify,
+            &[CHANNEL.into_datum(), provider.into_datum()],
+        );
+    }
 }
 
 /// Begins the next attempt of up to `$4` claimable jobs. `c` takes the jobs (skipping those
