@@ -72,48 +72,8 @@ pub fn case(
 pub fn generate(rng: &mut Rng, fx: &Fixture) -> Case {
     let r = rng.below(108);
     match r {
-        0..12 => submit_bad_text(rng),
-        12..18 => submit_bad_other(rng),
-        18..21 => {
-            // A NUL byte in a text argument: PostgreSQL refuses it before any function runs.
-            let field = rng.below(4);
-            let mut p: Vec<Param> = vec![
-                text("o"),
-                text("k"),
-                text(PROVIDER),
-                jsonb(json!({})),
-                null_text(),
-                int(3),
-            ];
-            p[[0, 1, 2, 4][field]] = raw(with_nul(rng));
-            case(
-                "nul_byte",
-                format!("NUL byte in argument {}", field + 1),
-                SUBMIT,
-                p,
-                Expect::Code("22021"),
-            )
-        }
-        21..24 => {
-            let field = rng.below(4);
-            let (bytes, what) = not_utf8(rng);
-            let mut p: Vec<Param> = vec![
-                text("o"),
-                text("k"),
-                text(PROVIDER),
-                jsonb(json!({})),
-                null_text(),
-                int(3),
-            ];
-            p[[0, 1, 2, 4][field]] = raw(bytes);
-            case(
-                "not_utf8",
-                format!("{what} in argument {}", field + 1),
-                SUBMIT,
-                p,
-                Expect::Code("22021"),
-            )
-        }
+        0..18 => bad_argument(rng, fx, &SUBMIT_JOB),
+        18..24 => bad_encoding(rng, fx),
         24..29 => submit_conflict(rng, fx),
         29..33 => {
             let (owner, key, params, contract, answer) = rng.pick(&fx.replays).clone();
@@ -133,19 +93,10 @@ pub fn generate(rng: &mut Rng, fx: &Fixture) -> Case {
                 Expect::Row(Some(answer)),
             )
         }
-        33..40 => begin_bad(rng, fx),
+        33..40 => bad_argument(rng, fx, &BEGIN_ATTEMPT),
         40..47 => begin_refused(rng, fx),
-        47..54 => complete_bad(rng, fx),
-        54..57 => {
-            let (a, what) = unknown_attempt(rng, fx);
-            case(
-                "complete_unknown",
-                format!("complete {what}"),
-                COMPLETE,
-                vec![id(a), bigint(1), jsonb(json!({"image": "x"}))],
-                Expect::Code("IJ007"),
-            )
-        }
+        47..54 => bad_argument(rng, fx, &COMPLETE_ATTEMPT),
+        54..57 => unknown_id(rng, fx, &COMPLETE_ATTEMPT),
         57..62 => complete_replay(rng, fx),
         62..67 => fail_calls(rng, fx),
         67..71 => timer_calls(rng, fx),
@@ -153,8 +104,8 @@ pub fn generate(rng: &mut Rng, fx: &Fixture) -> Case {
         75..79 => abandon_calls(rng, fx),
         79..82 => cancel_calls(rng, fx),
         82..85 => id_calls(rng, fx),
-        85..89 => contract_calls(rng),
-        89..91 => purge_calls(rng),
+        85..89 => contract_calls(rng, fx),
+        89..91 => purge_calls(rng, fx),
         91..94 => {
             let mut c = bound_calls(rng, fx);
             c.session = Session::Bound;
@@ -277,70 +228,6 @@ pub fn doubling_schema(rng: &mut Rng) -> Case {
     }
 }
 
-pub fn submit_bad_text(rng: &mut Rng) -> Case {
-    let field = rng.below(4); // owner, key, provider, contract
-    let mut p: Vec<Param> = vec![
-        text(good_name(rng)),
-        text(good_name(rng)),
-        text(good_name(rng)),
-        jsonb(json!({"n": rng.below(10)})),
-        null_text(),
-        int(3),
-    ];
-    let names = ["owner_id", "idempotency_key", "provider", "contract"];
-    if field < 3 && rng.percent(20) {
-        p[field] = null_text();
-        return case(
-            "submit_bad_text",
-            format!("NULL {}", names[field]),
-            SUBMIT,
-            p,
-            Expect::Code("22023"),
-        );
-    }
-    let (bad, what) = bad_name(rng);
-    p[if field == 3 { 4 } else { field }] = text(bad);
-    case(
-        "submit_bad_text",
-        format!("{} {what}", names[field]),
-        SUBMIT,
-        p,
-        Expect::Code("22023"),
-    )
-}
-
-pub fn submit_bad_other(rng: &mut Rng) -> Case {
-    let mut p: Vec<Param> = vec![
-        text(good_name(rng)),
-        text(good_name(rng)),
-        text(PROVIDER),
-        jsonb(json!({})),
-        null_text(),
-        int(3),
-    ];
-    let what = match rng.below(4) {
-        0 => {
-            p[3] = null_jsonb();
-            "NULL params".to_string()
-        }
-        1 => {
-            let (doc, what) = huge_document(rng, MIB);
-            p[3] = raw_jsonb(doc);
-            format!("params: {what}")
-        }
-        2 => {
-            let n = *rng.pick(&[0, -1, 65536, i32::MAX, i32::MIN, -65535]);
-            p[5] = if rng.percent(15) { null_int() } else { int(n) };
-            format!("max_attempts {n} (or NULL)")
-        }
-        _ => {
-            p[4] = text(format!("undefined-{}", good_name(rng)));
-            "an undefined contract".to_string()
-        }
-    };
-    case("submit_bad_other", what, SUBMIT, p, Expect::Code("22023"))
-}
-
 pub fn submit_conflict(rng: &mut Rng, fx: &Fixture) -> Case {
     let (owner, key, params, contract, _) = rng.pick(&fx.replays).clone();
     let mut p: Vec<Param> = vec![
@@ -382,48 +269,6 @@ pub fn submit_conflict(rng: &mut Rng, fx: &Fixture) -> Case {
         p,
         Expect::Code("IJ001"),
     )
-}
-
-pub fn begin_bad(rng: &mut Rng, fx: &Fixture) -> Case {
-    let job = *rng.pick(&[
-        fx.pending,
-        fx.running,
-        fx.succeeded,
-        fx.exhausted,
-        job_id_of("nobody", "nothing"),
-    ]);
-    let mut p: Vec<Param> = vec![
-        id(job),
-        null_text(),
-        interval(30_000_000, 0, 0),
-        null_text(),
-    ];
-    let what = match rng.below(6) {
-        0 => {
-            p[0] = null_id();
-            "NULL job_id".to_string()
-        }
-        1 => {
-            p[2] = null_interval();
-            "NULL lease".to_string()
-        }
-        2 | 3 => {
-            let (lease, what) = bad_lease(rng);
-            p[2] = lease;
-            what
-        }
-        4 => {
-            let (bad, what) = bad_name(rng);
-            p[1] = text(bad);
-            format!("provider {what}")
-        }
-        _ => {
-            let (bad, what) = bad_name(rng);
-            p[3] = text(bad);
-            format!("worker {what}")
-        }
-    };
-    case("begin_bad", what, BEGIN, p, Expect::Code("22023"))
 }
 
 pub fn begin_refused(rng: &mut Rng, fx: &Fixture) -> Case {
@@ -480,36 +325,6 @@ pub fn begin_refused(rng: &mut Rng, fx: &Fixture) -> Case {
     )
 }
 
-pub fn complete_bad(rng: &mut Rng, fx: &Fixture) -> Case {
-    let a = (*rng.pick(&fx.attempts())).clone();
-    let mut p: Vec<Param> = vec![id(a.attempt_id), bigint(1), jsonb(json!({"image": "x"}))];
-    let what = match rng.below(5) {
-        0 => {
-            p[0] = null_id();
-            "NULL attempt_id".to_string()
-        }
-        1 => {
-            p[1] = null_bigint();
-            "NULL version".to_string()
-        }
-        2 => {
-            p[2] = null_jsonb();
-            "NULL result".to_string()
-        }
-        3 => {
-            let (doc, what) = huge_document(rng, RESULT_LIMIT);
-            p[2] = raw_jsonb(doc);
-            format!("result: {what}")
-        }
-        _ => {
-            let v = wrong_version(rng);
-            p[1] = bigint(v);
-            format!("version {v} for an attempt given version 1")
-        }
-    };
-    case("complete_bad", what, COMPLETE, p, Expect::Code("22023"))
-}
-
 pub fn complete_replay(rng: &mut Rng, fx: &Fixture) -> Case {
     let (a, answer) = *rng.pick(&[
         (&fx.s1, "won"),
@@ -533,59 +348,12 @@ pub fn complete_replay(rng: &mut Rng, fx: &Fixture) -> Case {
 }
 
 pub fn fail_calls(rng: &mut Rng, fx: &Fixture) -> Case {
-    let a = (*rng.pick(&fx.attempts())).clone();
-    let retryable = rng.percent(50);
-    let mut p: Vec<Param> = vec![
-        id(a.attempt_id),
-        bigint(1),
-        jsonb(json!({"status": 500})),
-        boolean(retryable),
-    ];
     match rng.below(6) {
-        0 => {
-            let which = rng.below(4);
-            p[which] = match which {
-                0 => null_id(),
-                1 => null_bigint(),
-                2 => null_jsonb(),
-                _ => null_bool(),
-            };
-            case(
-                "fail_bad",
-                format!("NULL argument {}", which + 1),
-                FAIL,
-                p,
-                Expect::Code("22023"),
-            )
-        }
-        1 => {
-            let (doc, what) = huge_document(rng, MIB);
-            p[2] = raw_jsonb(doc);
-            case(
-                "fail_bad",
-                format!("error: {what}"),
-                FAIL,
-                p,
-                Expect::Code("22023"),
-            )
-        }
-        2 => {
-            p[1] = bigint(wrong_version(rng));
-            case("fail_bad", "wrong version", FAIL, p, Expect::Code("22023"))
-        }
-        3 => {
-            let (u, what) = unknown_attempt(rng, fx);
-            p[0] = id(u);
-            case(
-                "fail_unknown",
-                format!("fail {what}"),
-                FAIL,
-                p,
-                Expect::Code("IJ007"),
-            )
-        }
+        0..3 => bad_argument(rng, fx, &FAIL_ATTEMPT),
+        3 => unknown_id(rng, fx, &FAIL_ATTEMPT),
         _ => {
             // Reported again, or after the outcome: logged once (by the fixture), then no-ops.
+            let mut p = (FAIL_ATTEMPT.valid)(rng, fx);
             let (a, state) = *rng.pick(&[
                 (&fx.f1, "failed"),
                 (&fx.s1, "succeeded"),
@@ -606,32 +374,9 @@ pub fn fail_calls(rng: &mut Rng, fx: &Fixture) -> Case {
 }
 
 pub fn timer_calls(rng: &mut Rng, fx: &Fixture) -> Case {
-    let a = rng.pick(&fx.attempts()).attempt_id;
     match rng.below(4) {
-        0 => case(
-            "mark_unknown_bad",
-            "NULL attempt_id",
-            MARK,
-            vec![null_id(), null_text()],
-            Expect::Code("22023"),
-        ),
-        1 => case(
-            "mark_unknown_bad",
-            "bad reason",
-            MARK,
-            vec![id(a), text(bad_reason(rng))],
-            Expect::Code("22023"),
-        ),
-        2 => {
-            let (u, what) = unknown_attempt(rng, fx);
-            case(
-                "mark_unknown_unknown",
-                format!("mark_unknown {what}"),
-                MARK,
-                vec![id(u), null_text()],
-                Expect::Code("IJ007"),
-            )
-        }
+        0 | 1 => bad_argument(rng, fx, &MARK_UNKNOWN),
+        2 => unknown_id(rng, fx, &MARK_UNKNOWN),
         _ => {
             let mut settled = fx.settled();
             settled.push(&fx.u1);
@@ -648,35 +393,9 @@ pub fn timer_calls(rng: &mut Rng, fx: &Fixture) -> Case {
 }
 
 pub fn heartbeat_calls(rng: &mut Rng, fx: &Fixture) -> Case {
-    let a = rng.pick(&fx.attempts()).attempt_id;
     match rng.below(4) {
-        0 => case(
-            "heartbeat_bad",
-            "NULL attempt_id",
-            HEARTBEAT,
-            vec![null_id(), null_interval()],
-            Expect::Code("22023"),
-        ),
-        1 => {
-            let (extend, what) = bad_lease(rng);
-            case(
-                "heartbeat_bad",
-                format!("extend by {what}"),
-                HEARTBEAT,
-                vec![id(a), extend],
-                Expect::Code("22023"),
-            )
-        }
-        2 => {
-            let (u, what) = unknown_attempt(rng, fx);
-            case(
-                "heartbeat_unknown",
-                format!("heartbeat {what}"),
-                HEARTBEAT,
-                vec![id(u), null_interval()],
-                Expect::Code("IJ007"),
-            )
-        }
+        0 | 1 => bad_argument(rng, fx, &HEARTBEAT_CALL),
+        2 => unknown_id(rng, fx, &HEARTBEAT_CALL),
         _ => {
             let mut stopped = fx.settled();
             stopped.push(&fx.u1);
@@ -694,39 +413,9 @@ pub fn heartbeat_calls(rng: &mut Rng, fx: &Fixture) -> Case {
 }
 
 pub fn abandon_calls(rng: &mut Rng, fx: &Fixture) -> Case {
-    let a = rng.pick(&fx.attempts()).attempt_id;
     match rng.below(4) {
-        0 => case(
-            "abandon_bad",
-            "NULL attempt_id",
-            ABANDON,
-            vec![null_id(), text("why")],
-            Expect::Code("22023"),
-        ),
-        1 => {
-            let reason = if rng.percent(30) {
-                null_text()
-            } else {
-                text(bad_reason(rng))
-            };
-            case(
-                "abandon_bad",
-                "NULL, empty or over-long reason",
-                ABANDON,
-                vec![id(a), reason],
-                Expect::Code("22023"),
-            )
-        }
-        2 => {
-            let (u, what) = unknown_attempt(rng, fx);
-            case(
-                "abandon_unknown",
-                format!("abandon {what}"),
-                ABANDON,
-                vec![id(u), text("why")],
-                Expect::Code("IJ007"),
-            )
-        }
+        0 | 1 => bad_argument(rng, fx, &ABANDON_ATTEMPT),
+        2 => unknown_id(rng, fx, &ABANDON_ATTEMPT),
         _ => {
             let a = rng.pick(&fx.settled()).attempt_id;
             case(
@@ -742,30 +431,8 @@ pub fn abandon_calls(rng: &mut Rng, fx: &Fixture) -> Case {
 
 pub fn cancel_calls(rng: &mut Rng, fx: &Fixture) -> Case {
     match rng.below(4) {
-        0 => case(
-            "cancel_bad",
-            "NULL job_id",
-            CANCEL,
-            vec![null_id(), null_text()],
-            Expect::Code("22023"),
-        ),
-        1 => case(
-            "cancel_bad",
-            "bad reason",
-            CANCEL,
-            vec![id(fx.pending), text(bad_reason(rng))],
-            Expect::Code("22023"),
-        ),
-        2 => {
-            let (j, what) = unknown_job(rng, fx);
-            case(
-                "cancel_unknown",
-                format!("cancel {what}"),
-                CANCEL,
-                vec![id(j), null_text()],
-                Expect::Code("IJ007"),
-            )
-        }
+        0 | 1 => bad_argument(rng, fx, &CANCEL_JOB),
+        2 => unknown_id(rng, fx, &CANCEL_JOB),
         _ => {
             let j = *rng.pick(&[fx.succeeded, fx.lost, fx.failed, fx.cancelled]);
             case(
@@ -780,295 +447,37 @@ pub fn cancel_calls(rng: &mut Rng, fx: &Fixture) -> Case {
 }
 
 pub fn id_calls(rng: &mut Rng, fx: &Fixture) -> Case {
-    const JOB_ID: &str = "SELECT intent.job_id($1, $2)::text";
-    const ATTEMPT_ID: &str = "SELECT intent.attempt_id($1, $2)::text";
-    const JOB_OF: &str = "SELECT intent.job_of($1)::text";
-    match rng.below(5) {
-        0 => {
-            let (bad, what) = bad_name(rng);
-            let p = if rng.percent(50) {
-                vec![text(bad), text("k")]
-            } else {
-                vec![text("o"), text(bad)]
-            };
-            case(
-                "ids_bad",
-                format!("job_id of {what}"),
-                JOB_ID,
-                p,
-                Expect::Code("22023"),
-            )
-        }
-        1 => {
-            let n = *rng.pick(&[0, -1, 65536, i32::MAX, i32::MIN]);
-            case(
-                "ids_bad",
-                format!("attempt_id number {n}"),
-                ATTEMPT_ID,
-                vec![id(fx.pending), int(n)],
-                Expect::Code("22023"),
-            )
-        }
-        2 => case(
-            "ids_bad",
-            "job_of a job id",
-            JOB_OF,
-            vec![id(*rng.pick(&[fx.pending, fx.running, Uuid::nil()]))],
-            Expect::Code("22023"),
-        ),
-        3 => {
-            let p = match rng.below(3) {
-                0 => vec![null_text(), text("k")],
-                1 => vec![text("o"), null_text()],
-                _ => vec![null_text(), null_text()],
-            };
-            case(
-                "ids_null",
-                "job_id of NULL is NULL",
-                JOB_ID,
-                p,
-                Expect::Row(None),
-            )
-        }
-        _ => {
-            if rng.percent(50) {
-                case(
-                    "ids_null",
-                    "attempt_id of NULL is NULL",
-                    ATTEMPT_ID,
-                    vec![null_id(), int(1)],
-                    Expect::Row(None),
-                )
-            } else {
-                case(
-                    "ids_null",
-                    "job_of NULL is NULL",
-                    JOB_OF,
-                    vec![null_id()],
-                    Expect::Row(None),
-                )
-            }
-        }
+    let call = *rng.pick(&[&JOB_ID, &ATTEMPT_ID, &JOB_OF]);
+    if rng.below(5) < 3 {
+        bad_argument(rng, fx, call)
+    } else {
+        null_arguments(rng, fx, call)
     }
 }
 
-pub fn contract_calls(rng: &mut Rng) -> Case {
-    const DEFINE: &str = "SELECT intent.define_contract($1, $2, $3::oid::regprocedure)::text";
-    const DEFINE_WITH: &str = "SELECT intent.define_contract($1, $2, $3::text::regprocedure)::text";
-    const CERTIFY: &str = "SELECT intent.certify_provider($1, $2, $3, $4)::text";
-    const REVOKE: &str = "SELECT intent.revoke_certification($1, $2, $3)::text";
-    const VALIDATE: &str =
-        "SELECT format('%s %s', valid, errors) FROM intent.validate_result($1, $2)";
-    let none_oid: Param = Box::new(None::<u32>);
+pub fn contract_calls(rng: &mut Rng, fx: &Fixture) -> Case {
     match rng.below(9) {
-        0 => {
-            let (bad, what) = bad_name(rng);
-            let name = if rng.percent(20) {
-                null_text()
-            } else {
-                text(bad)
-            };
-            case(
-                "define_bad",
-                format!("contract name {what} (or NULL)"),
-                DEFINE,
-                vec![name, jsonb(json!({})), none_oid],
-                Expect::Code("22023"),
-            )
-        }
-        1 => {
-            let schema = *rng.pick(&[
-                "{\"type\": 5}",
-                "{\"pattern\": \"((\"}",
-                "{\"$ref\": \"http://127.0.0.1:1/schema.json\"}",
-                "{\"minLength\": -1}",
-                "{\"type\": \"nonsense\"}",
-            ]);
-            case(
-                "define_bad",
-                format!("invalid schema {schema}"),
-                DEFINE,
-                vec![
-                    text("c-bad"),
-                    raw_jsonb(schema.as_bytes().to_vec()),
-                    none_oid,
-                ],
-                Expect::Code("22023"),
-            )
-        }
-        2 => {
-            let schema = if rng.percent(40) {
-                null_jsonb()
-            } else {
-                raw_jsonb(huge_document(rng, MIB).0)
-            };
-            case(
-                "define_bad",
-                "NULL or over-1-MiB schema",
-                DEFINE,
-                vec![text("c-bad"), schema, none_oid],
-                Expect::Code("22023"),
-            )
-        }
-        3 => {
-            let checker = *rng.pick(&[
-                "intent.job_of(uuid)",
-                "pg_catalog.now()",
-                "pg_catalog.jsonb_typeof(jsonb)",
-                "pg_catalog.random()",
-            ]);
-            case(
-                "define_bad",
-                format!("checker {checker}"),
-                DEFINE_WITH,
-                vec![text("c-bad"), jsonb(json!({})), text(checker)],
-                Expect::Code("22023"),
-            )
-        }
-        4 => {
-            let oid: Param = Box::new(Some(*rng.pick(&[1u32, 4_294_967_295, 999_999])));
-            case(
-                "define_bad",
-                "a checker oid that names no function",
-                DEFINE,
-                vec![text("c-bad"), jsonb(json!({})), oid],
-                Expect::Code("22023"),
-            )
-        }
-        5 => {
-            let mut p: Vec<Param> = vec![
-                text("gpu-west"),
-                text(CONTRACT),
-                jsonb(json!({"passed": 10})),
-                interval(86_400_000_000, 0, 0),
-            ];
-            let what = match rng.below(5) {
-                0 => {
-                    p[0] = text(bad_name(rng).0);
-                    "bad provider"
-                }
-                1 => {
-                    p[1] = text(format!("undefined-{}", rng.below(1000)));
-                    "an undefined contract"
-                }
-                2 => {
-                    p[2] = if rng.percent(50) {
-                        null_jsonb()
-                    } else {
-                        raw_jsonb(huge_document(rng, MIB).0)
-                    };
-                    "NULL or over-1-MiB evidence"
-                }
-                3 => {
-                    // (Intervals so large that now() + valid_for overflows are a known bug:
-                    // see enormous_validities_and_retentions_get_documented_codes.)
-                    p[3] = match rng.below(6) {
-                        0 => interval(0, 0, 0),
-                        1 => interval(-1, 0, 0),
-                        2 => interval(0, 367, 0),
-                        3 => interval(0, 0, 13),
-                        4 => interval(0, 0, 12 * 1000),
-                        _ => null_interval(),
-                    };
-                    "valid_for zero, negative, over 366 days or NULL"
-                }
-                _ => {
-                    p[1] = null_text();
-                    "NULL contract"
-                }
-            };
-            case("certify_bad", what, CERTIFY, p, Expect::Code("22023"))
-        }
-        6 => {
-            let mut p: Vec<Param> = vec![text("gpu-west"), text(CONTRACT), text("compromised")];
-            let which = rng.below(3);
-            p[which] = match which {
-                0 => text(bad_name(rng).0),
-                1 => text(format!("undefined-{}", rng.below(1000))),
-                _ => {
-                    if rng.percent(40) {
-                        null_text()
-                    } else {
-                        text(bad_reason(rng))
-                    }
-                }
-            };
-            case(
-                "revoke_bad",
-                format!("revoke with bad argument {}", which + 1),
-                REVOKE,
-                p,
-                Expect::Code("22023"),
-            )
-        }
+        0..5 => bad_argument(rng, fx, &DEFINE_CONTRACT),
+        5 => bad_argument(rng, fx, &CERTIFY_PROVIDER),
+        6 => bad_argument(rng, fx, &REVOKE_CERTIFICATION),
         7 => case(
             "revoke_noop",
             "revoke a certification that was never granted",
-            REVOKE,
+            REVOKE_CERTIFICATION.sql,
             vec![text(good_name(rng)), text(CONTRACT), text("just in case")],
             row("false"),
         ),
-        _ => {
-            let p: Vec<Param> = match rng.below(3) {
-                0 => vec![
-                    text(format!("undefined-{}", rng.below(1000))),
-                    jsonb(json!({})),
-                ],
-                1 => vec![text(CONTRACT), null_jsonb()],
-                _ => vec![
-                    text(CONTRACT),
-                    raw_jsonb(huge_document(rng, RESULT_LIMIT).0),
-                ],
-            };
-            case(
-                "validate_bad",
-                "validate against no contract, or a NULL or huge result",
-                VALIDATE,
-                p,
-                Expect::Code("22023"),
-            )
-        }
+        _ => bad_argument(rng, fx, &VALIDATE_RESULT),
     }
 }
 
-pub fn purge_calls(rng: &mut Rng) -> Case {
-    const PURGE: &str = "SELECT intent.purge($1, $2)::text";
+pub fn purge_calls(rng: &mut Rng, fx: &Fixture) -> Case {
     match rng.below(4) {
-        0 => {
-            let n = *rng.pick(&[0, -1, 100_001, i32::MAX, i32::MIN]);
-            case(
-                "purge_bad",
-                format!("batch_size {n}"),
-                PURGE,
-                vec![interval(0, 30, 0), int(n)],
-                Expect::Code("22023"),
-            )
-        }
-        1 => case(
-            "purge_bad",
-            "NULL batch_size",
-            PURGE,
-            vec![interval(0, 30, 0), null_int()],
-            Expect::Code("22023"),
-        ),
-        2 => {
-            let (older_than, what) = *rng.pick(&[
-                ((0, 0, 0), "zero"),
-                ((-1, 0, 0), "negative"),
-                ((0, -30, 0), "minus 30 days"),
-            ]);
-            case(
-                "purge_bad",
-                format!("retention {what}"),
-                PURGE,
-                vec![interval(older_than.0, older_than.1, older_than.2), int(10)],
-                Expect::Code("22023"),
-            )
-        }
+        0..3 => bad_argument(rng, fx, &PURGE),
         _ => case(
             "purge_noop",
             "purge with a retention longer than anything's age",
-            PURGE,
+            PURGE.sql,
             vec![interval(0, 0, 12_000), int(1000)],
             row("0"),
         ),

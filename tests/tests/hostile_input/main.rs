@@ -16,9 +16,11 @@
 //! `PG_INTENT_HOSTILE_INPUTS` and `PG_INTENT_SEED` override.
 //!
 //! One test binary: [`values`] (parameters and values, good and bad), [`fixture`] (the jobs the
-//! corpus aims at), [`corpus`] (the generator), and [`edges`] (single tests at the edges of the
+//! corpus aims at), [`calls`] (one description of each call's arguments, from which the
+//! bad-argument families are generated), [`corpus`] (the generator), and [`edges`] (single tests at the edges of the
 //! rules).
 
+mod calls;
 mod corpus;
 mod edges;
 mod fixture;
@@ -37,6 +39,7 @@ const CONTRACT: &str = "shape-v1";
 const MIB: usize = 1024 * 1024;
 /// The result limit (docs/protocol.md): results may be larger than params.
 const RESULT_LIMIT: usize = 16 * MIB;
+use calls::*;
 use corpus::*;
 use fixture::*;
 use values::*;
@@ -245,6 +248,7 @@ fn every_sqlstate_the_corpus_expects_is_documented() {
     .join("\n");
     let source = [
         include_str!("main.rs"),
+        include_str!("calls.rs"),
         include_str!("corpus.rs"),
         include_str!("edges.rs"),
         include_str!("fixture.rs"),
