@@ -1,16 +1,16 @@
 //! Every call of the client against a real cluster, on every kind of executor.
 
-mod support;
+mod db;
 
 use std::time::{Duration, SystemTime};
 
+use db::TestDb;
 use pg_intent_client::{
     self as intent, AttemptState, BeginOptions, Completion, Executor, JobState, NewJob,
     StatementCache, Submitted,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use support::{Conn, fresh_db};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Prompt {
@@ -44,7 +44,7 @@ async fn prepared(db: &impl Executor, sql_fragment: &str) -> i64 {
 
 #[tokio::test]
 async fn ids_match_the_database() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     for (owner, key) in [
         ("alice", "click-1"),
@@ -69,7 +69,7 @@ async fn ids_match_the_database() {
 
 #[tokio::test]
 async fn the_whole_life_of_a_job() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     let p = prompt();
     let new = NewJob::new("alice", "click-1", "gpu-a", &p).max_attempts(5);
@@ -169,7 +169,7 @@ async fn the_whole_life_of_a_job() {
 
 #[tokio::test]
 async fn mark_unknown_abandon_cancel_sweep() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     let s: Submitted<Value> =
         intent::submit_job(&db, &NewJob::new("o", "k", "p", &json!({"a": 1})))
@@ -271,7 +271,7 @@ async fn mark_unknown_abandon_cancel_sweep() {
 
 #[tokio::test]
 async fn fail_without_retry_fails_the_job() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     let s: Submitted<Value> = intent::submit_job(&db, &NewJob::new("o", "k", "p", &json!(1)))
         .await
@@ -298,7 +298,7 @@ async fn fail_without_retry_fails_the_job() {
 /// The job and the business write commit together — or neither does.
 #[tokio::test]
 async fn submit_in_the_business_transaction() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let mut db = t.conn().await;
     db.batch_execute("CREATE TABLE orders (id text PRIMARY KEY)")
         .await
@@ -371,7 +371,7 @@ async fn submit_in_the_business_transaction() {
 /// Statements are prepared once per connection, not per call — whatever the executor.
 #[tokio::test]
 async fn statements_are_prepared_once_per_connection() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let mut db = t.conn().await;
     assert!(db.statements().is_empty());
     for i in 0..20 {
@@ -429,8 +429,8 @@ async fn futures_join<F: std::future::Future>(fs: Vec<F>) -> Vec<F::Output> {
 /// A bare tokio-postgres client and transaction, with a cache kept beside them.
 #[tokio::test]
 async fn bare_client_and_transaction_with_a_cache() {
-    let t = fresh_db().await;
-    let mut client = t.connect().await;
+    let t = TestDb::new().await;
+    let mut client = t.client().await;
     let cache = StatementCache::new();
     let params = json!({});
     let new = NewJob::new("o", "bare", "p", &params);
@@ -461,7 +461,7 @@ async fn bare_client_and_transaction_with_a_cache() {
 async fn deadpool_objects_and_transactions() {
     use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let cfg: tokio_postgres::Config = t.conn_str().parse().unwrap();
     let mgr = Manager::from_config(
         cfg,
@@ -510,7 +510,7 @@ async fn deadpool_objects_and_transactions() {
 /// `Arc<Connection>` and `&&Connection` are executors too.
 #[tokio::test]
 async fn shared_executors() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = std::sync::Arc::new(t.conn().await);
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..4 {
@@ -534,7 +534,7 @@ async fn shared_executors() {
 /// A savepoint inside the business transaction: its submit rolls back alone.
 #[tokio::test]
 async fn savepoints_share_the_statements() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let mut db = t.conn().await;
     let (p1, p2) = (json!(1), json!(2));
     let mut tx = db.transaction().await.unwrap();
@@ -568,7 +568,7 @@ async fn savepoints_share_the_statements() {
 /// escapes, come back through the client's replay exactly as they were completed.
 #[tokio::test]
 async fn large_results_round_trip_through_a_replay() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     let odd = "\"\\\n\u{1}é🦀 plain";
     for (i, size) in [

@@ -5,16 +5,16 @@
 //! owner isolation (`intent.bound_owner`); on an older installed build each test says so on
 //! stderr and returns. `PG_INTENT_PG_BIN` runs them against a packaged build.
 
-mod support;
+mod db;
 
 use std::time::{Duration, SystemTime};
 
+use db::TestDb;
 use pg_intent_client::{
     self as intent, AttemptState, BeginOptions, Completion, Connection, Error, Failover, JobState,
     NewJob, Submitted, WorkError, Worker,
 };
 use serde_json::{Value, json};
-use support::{Conn, fresh_db};
 
 async fn has_contracts(db: &Connection) -> bool {
     let yes: bool = db
@@ -41,7 +41,7 @@ fn image_schema() -> Value {
 
 #[tokio::test]
 async fn define_and_redefine_a_contract() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     if !has_contracts(&db).await {
         return;
@@ -79,7 +79,7 @@ async fn define_and_redefine_a_contract() {
 
 #[tokio::test]
 async fn results_that_break_the_contract_are_rejected() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     if !has_contracts(&db).await {
         return;
@@ -152,7 +152,7 @@ async fn results_that_break_the_contract_are_rejected() {
 
 #[tokio::test]
 async fn failover_to_a_certified_provider() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     if !has_contracts(&db).await {
         return;
@@ -243,7 +243,7 @@ async fn failover_to_a_certified_provider() {
 /// A result the contract rejects is a reason to fail over, like a retryable failure.
 #[tokio::test]
 async fn a_rejected_result_fails_over() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     if !has_contracts(&db).await {
         return;
@@ -312,7 +312,7 @@ async fn a_rejected_result_fails_over() {
 /// A gateway binds each request's transaction to its owner.
 #[tokio::test]
 async fn a_bound_transaction_sees_one_owner() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let mut db = t.conn().await;
     let has_isolation: bool = db
         .query_one("SELECT to_regproc('intent.bound_owner') IS NOT NULL", &[])

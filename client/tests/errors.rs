@@ -1,17 +1,17 @@
 //! Every variant of `Error`, produced by a real server (or, for the client-side ones, by real
 //! data), classified by SQLSTATE alone.
 
-mod support;
+mod db;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use db::TestDb;
 use pg_intent_client::{
     self as intent, BeginOptions, Call, Error, Executor, FingerprintField, JobState, NewJob,
     StatementCache, Submitted,
 };
 use serde_json::{Value, json};
-use support::{Conn, fresh_db};
 use tokio_postgres::{Client, Statement};
 
 async fn job(db: &impl Executor, key: &str, max_attempts: u16) -> uuid::Uuid {
@@ -26,7 +26,7 @@ async fn job(db: &impl Executor, key: &str, max_attempts: u16) -> uuid::Uuid {
 
 #[tokio::test]
 async fn ij001_idempotency_conflict_names_the_fields() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     let params = json!({"prompt": "fox"});
     let _: Submitted<Value> =
@@ -86,7 +86,7 @@ async fn ij001_idempotency_conflict_names_the_fields() {
 
 #[tokio::test]
 async fn ij002_ij003_the_gate() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     let j = job(&db, "gate", 3).await;
     let a = intent::begin_attempt(&db, j, BeginOptions::new())
@@ -136,7 +136,7 @@ async fn ij002_ij003_the_gate() {
 
 #[tokio::test]
 async fn ij004_job_finished_names_the_state() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     let j = job(&db, "fin", 3).await;
     assert!(
@@ -175,7 +175,7 @@ async fn ij004_job_finished_names_the_state() {
 
 #[tokio::test]
 async fn ij005_failover_needs_a_certified_provider() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     let j = job(&db, "failover", 3).await;
     let err = intent::begin_attempt(&db, j, BeginOptions::new().provider("gpu-b"))
@@ -195,7 +195,7 @@ async fn ij005_failover_needs_a_certified_provider() {
 
 #[tokio::test]
 async fn ij006_attempts_exhausted() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     let j = job(&db, "once", 1).await;
     let a = intent::begin_attempt(&db, j, BeginOptions::new())
@@ -215,7 +215,7 @@ async fn ij006_attempts_exhausted() {
 
 #[tokio::test]
 async fn ij007_not_found() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     let nobody = intent::job_id("nobody", "nothing").unwrap();
     let err = intent::begin_attempt(&db, nobody, BeginOptions::new())
@@ -251,7 +251,7 @@ async fn ij007_not_found() {
 
 #[tokio::test]
 async fn invalid_input_22023_writes_nothing() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     let long = "x".repeat(256);
     let j = job(&db, "valid", 3).await;
@@ -321,7 +321,7 @@ async fn invalid_input_22023_writes_nothing() {
 
 #[tokio::test]
 async fn other_database_errors_keep_their_sqlstate() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let mut db = t.conn().await;
     let j = job(&db, "db", 3).await;
 
@@ -382,7 +382,7 @@ async fn other_database_errors_keep_their_sqlstate() {
 
 #[tokio::test]
 async fn connection_errors_are_not_database_errors() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let admin = t.conn().await;
     let db = t.conn().await;
     intent::sweep(&db).await.unwrap();
@@ -407,7 +407,7 @@ async fn connection_errors_are_not_database_errors() {
 
 #[tokio::test]
 async fn json_that_does_not_fit() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     // Params serde_json cannot write: a map with non-string keys. Nothing is sent.
     let mut bad = BTreeMap::new();
@@ -461,14 +461,14 @@ impl Executor for FromTheFuture {
 
 #[tokio::test]
 async fn unknown_labels_are_reported() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     let j = job(&db, "future", 3).await;
     let a = intent::begin_attempt(&db, j, BeginOptions::new())
         .await
         .unwrap();
     let future = FromTheFuture {
-        client: t.connect().await,
+        client: t.client().await,
         cache: StatementCache::new(),
     };
     assert!(future.cache.is_empty());

@@ -9,11 +9,12 @@
 //! `rejected` and never win; an attempt begun before its provider was revoked may still
 //! complete, and its result is validated like any other.
 
-mod support;
+mod db;
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
+use db::TestDb;
 use pg_intent_client::harness::{
     self, ContractSuite, Failure, OpenAiCompatible, Prompt, Provider, ProviderError, Request,
     RunOptions, Verdict,
@@ -24,7 +25,6 @@ use pg_intent_client::{
 };
 use pg_intent_test_provider::{Mode, TestProvider, captions};
 use serde_json::{Value, json};
-use support::{Conn, fresh_db};
 use uuid::Uuid;
 
 const CONTRACT: &str = captions::CONTRACT;
@@ -164,7 +164,7 @@ async fn primary_fails(db: &Connection, fleet: &Fleet, job: Uuid, input: &Value)
 
 #[tokio::test]
 async fn the_harness_certifies_the_well_behaved_provider_and_refuses_the_others() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     define_captions(&db).await;
     let fleet = Fleet::start(&[
@@ -327,7 +327,7 @@ async fn the_harness_certifies_the_well_behaved_provider_and_refuses_the_others(
 
 #[tokio::test]
 async fn failover_is_refused_before_certification_and_allowed_after() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     define_captions(&db).await;
     let fleet = Fleet::start(&[("gpu-a", Mode::ServerError), ("gpu-b", Mode::WellBehaved)]).await;
@@ -397,7 +397,7 @@ async fn failover_is_refused_before_certification_and_allowed_after() {
 
 #[tokio::test]
 async fn failover_is_refused_again_after_revocation_and_after_expiry() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     define_captions(&db).await;
     let fleet = Fleet::start(&[("gpu-a", Mode::ServerError), ("gpu-b", Mode::WellBehaved)]).await;
@@ -450,7 +450,7 @@ async fn failover_is_refused_again_after_revocation_and_after_expiry() {
 
 #[tokio::test]
 async fn results_that_break_the_contract_are_rejected_and_never_win() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     define_captions(&db).await;
     let fleet = Fleet::start(&[
@@ -588,7 +588,7 @@ async fn results_that_break_the_contract_are_rejected_and_never_win() {
 /// may complete; its result is validated against the contract like any other.
 #[tokio::test]
 async fn an_attempt_begun_before_revocation_completes_on_its_merits() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     let admin = t.conn().await;
     define_captions(&db).await;
@@ -668,7 +668,7 @@ impl Provider for Slow {
 
 #[tokio::test]
 async fn the_harness_records_nothing_it_cannot_show() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     define_captions(&db).await;
     let fleet = Fleet::start(&[("gpu-good", Mode::WellBehaved)]).await;

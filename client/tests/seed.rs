@@ -1,16 +1,16 @@
 //! The seed's four failure points, through the client API against a real cluster.
 
-mod support;
+mod db;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use db::TestDb;
 use pg_intent_client::{
     self as intent, AttemptState, BeginOptions, Completion, Error, FingerprintField, JobState,
     NewJob, Run, Submitted, WorkError, Worker,
 };
 use serde_json::{Value, json};
-use support::{Conn, fresh_db};
 
 async fn events(db: &intent::Connection, job: uuid::Uuid, kind: &str) -> Vec<Value> {
     db.query(
@@ -27,7 +27,7 @@ async fn events(db: &intent::Connection, job: uuid::Uuid, kind: &str) -> Vec<Val
 /// 1. The double click: 64 concurrent submits of one intent → one job, one `created = true`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn double_click_64_concurrent_submits_make_one_job() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let n = 64;
     let barrier = Arc::new(tokio::sync::Barrier::new(n));
     let mut tasks = tokio::task::JoinSet::new();
@@ -64,7 +64,7 @@ async fn double_click_64_concurrent_submits_make_one_job() {
 /// 2. The same key with a different input is a conflict, never a silent reuse.
 #[tokio::test]
 async fn same_key_different_input_is_ij001() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     let fox = json!({"prompt": "a red fox"});
     let wolf = json!({"prompt": "a grey wolf"});
@@ -92,7 +92,7 @@ async fn same_key_different_input_is_ij001() {
 ///    abandoned (or its outcome reported).
 #[tokio::test]
 async fn timeout_is_unknown_never_failed() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     for (key, resolve_by_completing) in [("abandoned", false), ("completed", true)] {
         let s: Submitted<Value> =
@@ -180,7 +180,7 @@ async fn timeout_is_unknown_never_failed() {
 ///    in; the late one is lost, and kept.
 #[tokio::test]
 async fn reverse_order_finish_first_completion_wins() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     for (key, later_finishes_first) in [("later-first", true), ("earlier-first", false)] {
         let s: Submitted<Value> =
@@ -248,7 +248,7 @@ async fn reverse_order_finish_first_completion_wins() {
 /// Two completions racing on two connections: exactly one wins.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_completions_have_one_winner() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     for round in 0..10 {
         let key = format!("race-{round}");
@@ -288,7 +288,7 @@ async fn racing_completions_have_one_winner() {
 /// Concurrent begins on one job: at most one succeeds; the others see it in flight.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_begins_let_one_through() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     let s: Submitted<Value> = intent::submit_job(
         &db,
@@ -324,7 +324,7 @@ async fn concurrent_begins_let_one_through() {
 /// A started attempt whose lease ran out (never swept) may still win: its work happened.
 #[tokio::test]
 async fn a_lapsed_attempt_that_reports_first_still_wins() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     let s: Submitted<Value> =
         intent::submit_job(&db, &NewJob::new("alice", "lapsed", "gpu-a", &json!({})))

@@ -1,17 +1,17 @@
 //! The worker and failover helpers against a real server, with short leases.
 
-mod support;
+mod db;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use db::TestDb;
 use pg_intent_client::{
     self as intent, AttemptState, BeginOptions, Completion, Error, Failover, JobState, NewJob, Run,
     Submitted, WorkError, Worker,
 };
 use serde_json::{Value, json};
-use support::{Conn, fresh_db};
 
 const LEASE: Duration = Duration::from_millis(300);
 
@@ -36,7 +36,7 @@ impl Drop for DropFlag {
 
 #[tokio::test]
 async fn heartbeats_keep_the_lease_alive_and_the_result_wins() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     let probe = t.conn().await;
     let j = job(&db, "long", 3).await;
@@ -88,7 +88,7 @@ async fn heartbeats_keep_the_lease_alive_and_the_result_wins() {
 
 #[tokio::test]
 async fn a_heartbeat_that_says_no_stops_the_work() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     for (key, decide) in [("abandoned", "abandon"), ("cancelled", "cancel")] {
         let j = job(&db, key, 3).await;
@@ -140,7 +140,7 @@ async fn a_heartbeat_that_says_no_stops_the_work() {
 
 #[tokio::test]
 async fn the_callers_timeout_marks_unknown_never_failed() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     let probe = t.conn().await;
     let j = job(&db, "slow", 3).await;
@@ -195,7 +195,7 @@ async fn the_callers_timeout_marks_unknown_never_failed() {
 
 #[tokio::test]
 async fn definite_failures_and_unknown_outcomes_are_reported_as_such() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     let worker = Worker::new(&db, Duration::from_secs(10)).lease(LEASE);
 
@@ -253,7 +253,7 @@ async fn definite_failures_and_unknown_outcomes_are_reported_as_such() {
 /// and loses to the attempt that won meanwhile.
 #[tokio::test]
 async fn a_late_worker_loses_and_its_result_is_kept() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     let other = t.conn().await;
     let j = job(&db, "late", 3).await;
@@ -304,7 +304,7 @@ async fn a_late_worker_loses_and_its_result_is_kept() {
 
 #[tokio::test]
 async fn failover_moves_on_only_when_the_gate_allows() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     let worker = Worker::new(&db, Duration::from_secs(10)).lease(LEASE);
 
@@ -403,7 +403,7 @@ async fn failover_moves_on_only_when_the_gate_allows() {
 /// "Outcome unknown, reconcile first" is its own answer: no second attempt is begun.
 #[tokio::test]
 async fn failover_never_starts_a_second_attempt_while_an_outcome_is_unknown() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
 
     // This run's own timeout.
@@ -503,7 +503,7 @@ async fn failover_never_starts_a_second_attempt_while_an_outcome_is_unknown() {
 /// A gate refusal before any work is an error of `run`, not a `Run`.
 #[tokio::test]
 async fn run_reports_gate_refusals_as_errors() {
-    let t = fresh_db().await;
+    let t = TestDb::new().await;
     let db = t.conn().await;
     let j = job(&db, "gate", 3).await;
     let _a = intent::begin_attempt(&db, j, BeginOptions::new())
