@@ -182,8 +182,8 @@ fn refused(code: &str) -> Answer {
 // --- the state ---------------------------------------------------------------------------------
 
 // The states are the protocol crate's: the model, the client and the extension share them.
-pub use pg_intent_protocol::{AttemptState, JobState};
 use pg_intent_protocol::limits::{MAX_LEASE_MICROS, MAX_NAME_CHARS, MAX_REASON_CHARS};
+pub use pg_intent_protocol::{AttemptState, JobState};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Attempt {
