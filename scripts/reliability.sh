@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The reliability figures: runs the storm, crash and hostile-input suites of the integration
-# tests (tests/tests/storm.rs, crash.rs, hostile_input.rs, rust_backtrace.rs) against real
+# tests (tests/tests/storm.rs, crash.rs, hostile_input/, rust_backtrace.rs) against real
 # PostgreSQL 15 servers they start themselves on 127.0.0.1, and prints what they did and found:
 # rounds, connections, crash cycles survived, inputs tried, violations.
 #

@@ -9,9 +9,6 @@
 //! Run: `cargo bench -p pg_intent_client` (env `BENCH_CALLS` = calls per round, default 1500;
 //! `BENCH_ROUNDS`, default 8).
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::time::{Duration, Instant};
 
 use pg_intent_client::{self as intent, BeginOptions, Call, JobState, NewJob, Submitted};
@@ -129,14 +126,14 @@ fn report(name: &str, raw: &Side, client: &Side, median: f64) -> f64 {
 fn main() {
     let rounds = env("BENCH_ROUNDS", 8);
     let calls = env("BENCH_CALLS", 1500);
-    let cluster = common::Cluster::start();
+    let cluster = pg_intent_cluster::Cluster::start_with(pg_intent_cluster::FAST);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("a runtime");
     let ratios = rt.block_on(async {
-        let dbname = cluster.create_db().await;
-        let db = intent::Connection::new(cluster.connect(&dbname).await);
+        let fresh = cluster.fresh_db_copied("bench").await;
+        let db = intent::Connection::new(fresh.connect().await);
         let params = json!({"prompt": "a red fox in the snow", "size": [1024, 1024], "steps": 30});
         let first: Submitted<Value> =
             intent::submit_job(&db, &NewJob::new("alice", "click-1", "gpu-a", &params))

@@ -1,10 +1,10 @@
 //! Every call of the client against a real cluster, on every kind of executor.
 
-mod common;
+mod db;
 
 use std::time::{Duration, SystemTime};
 
-use common::TestDb;
+use db::TestDb;
 use pg_intent_client::{
     self as intent, AttemptState, BeginOptions, Completion, Executor, JobState, NewJob,
     StatementCache, Submitted,

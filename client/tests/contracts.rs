@@ -5,11 +5,11 @@
 //! owner isolation (`intent.bound_owner`); on an older installed build each test says so on
 //! stderr and returns. `PG_INTENT_PG_BIN` runs them against a packaged build.
 
-mod common;
+mod db;
 
 use std::time::{Duration, SystemTime};
 
-use common::TestDb;
+use db::TestDb;
 use pg_intent_client::{
     self as intent, AttemptState, BeginOptions, Completion, Connection, Error, Failover, JobState,
     NewJob, Submitted, WorkError, Worker,

@@ -1,12 +1,12 @@
 //! Every variant of `Error`, produced by a real server (or, for the client-side ones, by real
 //! data), classified by SQLSTATE alone.
 
-mod common;
+mod db;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::TestDb;
+use db::TestDb;
 use pg_intent_client::{
     self as intent, BeginOptions, Call, Error, Executor, FingerprintField, JobState, NewJob,
     StatementCache, Submitted,
@@ -395,7 +395,9 @@ async fn connection_errors_are_not_database_errors() {
         .execute("SELECT pg_terminate_backend($1)", &[&pid])
         .await
         .unwrap();
-    assert!(common::eventually(Duration::from_secs(5), || async { db.is_closed() }).await);
+    assert!(
+        pg_intent_cluster::eventually(Duration::from_secs(5), || async { db.is_closed() }).await
+    );
     let err = intent::sweep(&db).await.unwrap_err();
     assert!(matches!(&err, Error::Connection { .. }), "{err:?}");
     assert_eq!(err.code(), None);

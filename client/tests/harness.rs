@@ -9,12 +9,12 @@
 //! `rejected` and never win; an attempt begun before its provider was revoked may still
 //! complete, and its result is validated like any other.
 
-mod common;
+mod db;
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-use common::TestDb;
+use db::TestDb;
 use pg_intent_client::harness::{
     self, ContractSuite, Failure, OpenAiCompatible, Prompt, Provider, ProviderError, Request,
     RunOptions, Verdict,

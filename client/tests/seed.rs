@@ -1,11 +1,11 @@
 //! The seed's four failure points, through the client API against a real cluster.
 
-mod common;
+mod db;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::TestDb;
+use db::TestDb;
 use pg_intent_client::{
     self as intent, AttemptState, BeginOptions, Completion, Error, FingerprintField, JobState,
     NewJob, Run, Submitted, WorkError, Worker,

@@ -1,12 +1,12 @@
 //! The worker and failover helpers against a real server, with short leases.
 
-mod common;
+mod db;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::TestDb;
+use db::TestDb;
 use pg_intent_client::{
     self as intent, AttemptState, BeginOptions, Completion, Error, Failover, JobState, NewJob, Run,
     Submitted, WorkError, Worker,

@@ -170,7 +170,7 @@ impl Gw {
 
     /// A superuser connection to the test database (sees every owner).
     async fn sql(&self) -> tokio_postgres::Client {
-        self.db.client().await
+        self.db.connect().await
     }
 
     async fn job_count(&self) -> i64 {

@@ -1,4 +1,4 @@
--- Mutation for tests/hostile_input.rs: abandon_attempt rewrites the attempt row even when it
+-- Mutation for tests/hostile_input/: abandon_attempt rewrites the attempt row even when it
 -- changes nothing (an attempt that already has an outcome), so a documented no-op writes.
 ALTER FUNCTION intent.abandon_attempt(uuid, text) RENAME TO abandon_attempt_original;
 CREATE FUNCTION intent.abandon_attempt(attempt_id uuid, reason text)

@@ -1,4 +1,4 @@
--- Mutation for tests/security.rs: privileges beyond the documented ones (PUBLIC reads the jobs,
+-- Mutation for tests/security/: privileges beyond the documented ones (PUBLIC reads the jobs,
 -- an application may abandon attempts).
 GRANT USAGE ON SCHEMA intent TO PUBLIC;
 GRANT SELECT ON intent.jobs TO PUBLIC;

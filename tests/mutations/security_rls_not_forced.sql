@@ -1,4 +1,4 @@
--- Mutation for tests/security.rs: row-level security is enabled but not forced, so the
+-- Mutation for tests/security/: row-level security is enabled but not forced, so the
 -- SECURITY DEFINER functions (run as the table owner) ignore owner isolation.
 ALTER TABLE intent.jobs NO FORCE ROW LEVEL SECURITY;
 ALTER TABLE intent.attempts NO FORCE ROW LEVEL SECURITY;

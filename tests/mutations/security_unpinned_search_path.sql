@@ -1,4 +1,4 @@
--- Mutation for tests/security.rs: a SECURITY DEFINER function that does not pin its search_path
+-- Mutation for tests/security/: a SECURITY DEFINER function that does not pin its search_path
 -- and uses unqualified names, so a caller's search_path decides what it runs.
 ALTER FUNCTION intent.sweep() RENAME TO sweep_real;
 CREATE FUNCTION intent.sweep()

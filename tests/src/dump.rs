@@ -2,16 +2,9 @@
 //! against a test cluster, as the `postgres` OS user when the tests run as root (as the
 //! harness does for the server itself), and reads every row of the extension's tables.
 
-use crate::{Client, Cluster, pg_bin};
-use std::os::unix::fs::MetadataExt;
+use crate::{Client, Cluster, pg_bin, postgres_command};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
-
-fn running_as_root() -> bool {
-    std::fs::metadata("/proc/self")
-        .map(|m| m.uid() == 0)
-        .unwrap_or(false)
-}
+use std::process::{Output, Stdio};
 
 /// Runs a client program of the server installation (`pg_dump`, `pg_restore`, …) with the
 /// connection options of `cluster` (127.0.0.1, its port, user `postgres`) followed by `args`.
@@ -21,14 +14,7 @@ pub fn run_pg_tool(cluster: &Cluster, program: &str, args: &[&str]) -> Output {
 
 /// [`run_pg_tool`] connecting as the database role `user`.
 pub fn run_pg_tool_as(cluster: &Cluster, user: &str, program: &str, args: &[&str]) -> Output {
-    let bin = pg_bin().join(program);
-    let mut cmd = if running_as_root() {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(bin);
-        c
-    } else {
-        Command::new(bin)
-    };
+    let mut cmd = postgres_command(&pg_bin().join(program));
     let port = cluster.port().to_string();
     cmd.args(["-h", "127.0.0.1", "-p", &port, "-U", user])
         .args(args)

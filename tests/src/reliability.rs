@@ -1,4 +1,4 @@
-//! Support for the reliability suite (`tests/tests/storm.rs`, `crash.rs`, `hostile_input.rs`):
+//! Support for the reliability suite (`tests/tests/storm.rs`, `crash.rs`, `hostile_input/`):
 //! how big a run is, a seeded random generator so any run can be replayed, values sent raw on
 //! the wire (bytes that are not UTF-8, jsonb text that serde cannot build, intervals with any
 //! field), the invariants of the SPEC written as SQL, crash detection, and the one-line figures

@@ -3,11 +3,8 @@
 -- does not change the answer), never crashes the backend and never writes a row.
 -- Lengths are counted in characters (char_length), so 255 multibyte characters are fine and
 -- 256 are not. NULL is accepted only where the SPEC gives a NULL default.
-\set SHOW_CONTEXT never
-SET datestyle = 'ISO, YMD';
-SET timezone = 'UTC';
-SET intervalstyle = 'postgres';
-CREATE EXTENSION IF NOT EXISTS pg_intent;
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/sql/preamble.sql
 TRUNCATE intent.jobs, intent.attempts, intent.events;
 
 -- A job with a live attempt, so that the calls below have something real to aim at.

@@ -1,10 +1,8 @@
 -- batch: intent.submit_jobs, many intents in one call. Each intent gets the answer submit_job
 -- would give it, in order; one intent's refusal is a row (sqlstate, message, detail), not an
 -- error, so the others still go through. Only bad arrays refuse the whole call.
-\set SHOW_CONTEXT never
-SET datestyle = 'ISO, YMD';
-SET timezone = 'UTC';
-CREATE EXTENSION IF NOT EXISTS pg_intent;
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/sql/preamble.sql
 TRUNCATE intent.jobs, intent.attempts, intent.events;
 
 -- 1. A job that exists before the batch.

@@ -3,11 +3,8 @@
 -- (IJ007), job finished (IJ004), an open attempt (IJ002 within its lease, IJ003 unknown),
 -- attempts exhausted (IJ006), failover without certification (IJ005). Every refusal is
 -- followed by t.unchanged(): the refusal wrote nothing.
-\set SHOW_CONTEXT never
-SET datestyle = 'ISO, YMD';
-SET timezone = 'UTC';
-SET intervalstyle = 'postgres';
-CREATE EXTENSION IF NOT EXISTS pg_intent;
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/sql/preamble.sql
 TRUNCATE intent.jobs, intent.attempts, intent.events;
 
 SELECT job_id, created FROM intent.submit_job('dave', 'render-1', 'gpu-a', '{"frames": 10}');

@@ -2,11 +2,8 @@
 -- winner". Completing is a compare-and-swap on the job row; a result that comes too late is
 -- kept on its own attempt (discarded), never merged into the job, and the race is logged.
 -- Asking again returns the same answer and changes nothing.
-\set SHOW_CONTEXT never
-SET datestyle = 'ISO, YMD';
-SET timezone = 'UTC';
-SET intervalstyle = 'postgres';
-CREATE EXTENSION IF NOT EXISTS pg_intent;
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/sql/preamble.sql
 TRUNCATE intent.jobs, intent.attempts, intent.events;
 
 -- 1. won: the job becomes succeeded with the result, completed_by = the attempt, version + 1;

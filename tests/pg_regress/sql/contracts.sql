@@ -8,11 +8,8 @@
 --
 -- The story: the studio renders frames on gpu-a; gpu-b is the fallback. Contract "render"
 -- says what a render result looks like. Timestamps in DETAILs are masked (t.error_of).
-\set SHOW_CONTEXT never
-SET datestyle = 'ISO, YMD';
-SET timezone = 'UTC';
-SET intervalstyle = 'postgres';
-CREATE EXTENSION IF NOT EXISTS pg_intent;
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/sql/preamble.sql
 TRUNCATE intent.jobs, intent.attempts, intent.events;
 
 -- Helpers for this file.

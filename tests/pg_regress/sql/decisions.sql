@@ -2,11 +2,8 @@
 -- waiting for an attempt) and cancel_job (the owner withdraws the intent), and the story the
 -- SPEC is about: two attempts carrying one intent, finishing in either order, exactly one
 -- result winning.
-\set SHOW_CONTEXT never
-SET datestyle = 'ISO, YMD';
-SET timezone = 'UTC';
-SET intervalstyle = 'postgres';
-CREATE EXTENSION IF NOT EXISTS pg_intent;
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/sql/preamble.sql
 TRUNCATE intent.jobs, intent.attempts, intent.events;
 
 -- 1. The reverse-order finish. Attempt 1 stalls; the caller's timer fires (unknown: the

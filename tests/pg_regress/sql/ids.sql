@@ -2,11 +2,8 @@
 -- never random; an attempt id is the job id with attempt_no in its last two bytes, so an
 -- attempt id names its job. intent.job_id, intent.attempt_id and intent.job_of are immutable
 -- and strict (NULL in, NULL out); malformed input raises 22023 (invalid_parameter_value).
-\set SHOW_CONTEXT never
-SET datestyle = 'ISO, YMD';
-SET timezone = 'UTC';
-SET intervalstyle = 'postgres';
-CREATE EXTENSION IF NOT EXISTS pg_intent;
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/sql/preamble.sql
 
 -- 1. The SPEC's test vectors. Every line must say t: the client library reproduces the same
 --    values, so any change here breaks every other layer's routing.

@@ -5,11 +5,8 @@
 --
 -- Attempts that must lapse get a lease of 200 milliseconds and the test sleeps 0.4 s; attempts
 -- that must stay alive get an hour, so a slow machine cannot turn one into the other.
-\set SHOW_CONTEXT never
-SET datestyle = 'ISO, YMD';
-SET timezone = 'UTC';
-SET intervalstyle = 'postgres';
-CREATE EXTENSION IF NOT EXISTS pg_intent;
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/sql/preamble.sql
 TRUNCATE intent.jobs, intent.attempts, intent.events;
 
 -- Five jobs whose first attempt will run out of lease, and one whose attempt stays alive.

@@ -1,11 +1,8 @@
 -- schema: what a DBA reads directly. The tables and states of the SPEC, a COMMENT on every
 -- table and column, the rules that hold even for hand-written SQL (one job per intent, derived
 -- ids, at most one open attempt per job), and nothing granted to PUBLIC.
-\set SHOW_CONTEXT never
-SET datestyle = 'ISO, YMD';
-SET timezone = 'UTC';
-SET intervalstyle = 'postgres';
-CREATE EXTENSION IF NOT EXISTS pg_intent;
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/sql/preamble.sql
 TRUNCATE intent.jobs, intent.attempts, intent.events;
 
 -- 1. The state types, in the SPEC's order.

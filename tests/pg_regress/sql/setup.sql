@@ -3,14 +3,12 @@
 -- (timestamps, event ids). Ids are derived from the intent, so they are printed as they are:
 -- the expected files prove the derivation as well.
 --
--- Every test file starts with the same preamble: no PL/pgSQL CONTEXT lines, and fixed date
--- and interval styles (pg_regress sets PGDATESTYLE and PGTZ for its sessions).
-\set SHOW_CONTEXT never
-SET datestyle = 'ISO, YMD';
-SET timezone = 'UTC';
-SET intervalstyle = 'postgres';
-
-CREATE EXTENSION IF NOT EXISTS pg_intent;
+-- Every test file starts with the same preamble, sql/preamble.sql (pg_regress names its input
+-- directory in PG_ABS_SRCDIR): no PL/pgSQL CONTEXT lines, fixed date and interval styles
+-- (pg_regress sets PGDATESTYLE and PGTZ for its sessions), and the extension (without the
+-- NOTICE that it exists already, which psql would prefix with the preamble's absolute path).
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/sql/preamble.sql
 
 -- The extension lives in schema intent and cannot be moved.
 SELECT e.extname, n.nspname AS schema, e.extrelocatable

@@ -1,11 +1,8 @@
 -- submit: intent.submit_job, SPEC rule 1 "one job per intent". The unique constraint on
 -- (owner_id, idempotency_key) decides; the same key with the same fingerprint (provider, params,
 -- contract) returns the existing job and writes nothing; a different fingerprint is IJ001.
-\set SHOW_CONTEXT never
-SET datestyle = 'ISO, YMD';
-SET timezone = 'UTC';
-SET intervalstyle = 'postgres';
-CREATE EXTENSION IF NOT EXISTS pg_intent;
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/sql/preamble.sql
 TRUNCATE intent.jobs, intent.attempts, intent.events;
 
 -- 1. A new key creates the job: created = t, state pending, version 1, no result, and the job
