@@ -41,6 +41,21 @@ static START_ATTEMPT: Statement = Statement {
     ],
 };
 
+/// [`START_ATTEMPT`] on the catalog of 0.2.0 (no `retry_at`).
+static START_ATTEMPT_0_2: Statement = Statement {
+    name: Name::StartAttempt0_2,
+    sql: "WITH a AS (
+              INSERT INTO intent.attempts
+                     (id, job_id, owner_id, attempt_no, provider, state, version_read, worker, lease, started_at, deadline)
+              VALUES ($1, $2, $3, $4, $5, 'started', $6, $7, $8, statement_timestamp(), statement_timestamp() + $8)
+              RETURNING deadline),
+          j AS (
+              UPDATE intent.jobs SET state = 'running', attempt_count = $4, updated_at = statement_timestamp()
+               WHERE id = $2)
+          SELECT deadline FROM a",
+    args: START_ATTEMPT.args,
+};
+
 struct Begun {
     attempt_id: Uuid,
     attempt_no: i32,
@@ -119,7 +134,11 @@ fn begin(
         );
         let row = plans::first(plans::run(
             client,
-            &START_ATTEMPT,
+            if crate::state::catalog_has_retry_at() {
+                &START_ATTEMPT
+            } else {
+                &START_ATTEMPT_0_2
+            },
             &[
                 attempt_id.into(),
                 job_id.into(),

@@ -33,6 +33,27 @@ static ABANDON: Statement = Statement {
     args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::BOOLOID],
 };
 
+/// [`ABANDON`] on the catalog of 0.2.0 (no `retry_at`).
+static ABANDON_0_2: Statement = Statement {
+    name: Name::Abandon0_2,
+    sql: concat!(
+        "WITH a AS (
+              UPDATE intent.attempts SET state = 'abandoned'
+               WHERE id = $1 AND state IN ",
+        open_attempt_states_sql!(),
+        "
+              RETURNING id, job_id, owner_id),
+          j AS (
+              UPDATE intent.jobs SET state = 'pending', updated_at = statement_timestamp()
+               WHERE id = (SELECT job_id FROM a) AND state IN ('running', 'unknown'))
+          INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
+          SELECT a.job_id, a.owner_id, a.id, 'abandoned',
+                 jsonb_build_object('reason', $2::text, 'previous_state', $3::text, 'lease_expired', $4::boolean)
+            FROM a"
+    ),
+    args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::BOOLOID],
+};
+
 /// version + 1 makes every attempt still out there lose its compare-and-swap.
 static CANCEL: Statement = Statement {
     name: Name::Cancel,
@@ -83,7 +104,11 @@ fn abandon(attempt_id: Option<Uuid>, reason: Option<&str>) -> Answer<()> {
             }
             plans::run(
                 client,
-                &ABANDON,
+                if crate::state::catalog_has_retry_at() {
+                    &ABANDON
+                } else {
+                    &ABANDON_0_2
+                },
                 &[
                     attempt_id.into(),
                     reason.into(),

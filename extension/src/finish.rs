@@ -121,6 +121,15 @@ static REOPEN_JOB: Statement = Statement {
     args: &[pg_sys::UUIDOID, pg_sys::INTERVALOID],
 };
 
+/// [`REOPEN_JOB`] on the catalog of 0.2.0 (no `retry_at`: claimable at once).
+static REOPEN_JOB_0_2: Statement = Statement {
+    name: Name::ReopenJob0_2,
+    sql: "UPDATE intent.jobs SET state = 'pending', updated_at = statement_timestamp()
+           WHERE id = $1 AND state IN ('running', 'unknown')
+          RETURNING true",
+    args: &[pg_sys::UUIDOID],
+};
+
 /// A failure that arrived after the job's outcome was decided.
 static LOG_LATE_FAILURE: Statement = Statement {
     name: Name::LogLateFailure,
@@ -236,7 +245,8 @@ fn fail_attempt(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
         arg(fcinfo, 1),
         arg(fcinfo, 2),
         arg(fcinfo, 3),
-        arg(fcinfo, 4),
+        // retry_after (0.3.0): absent from the 0.2.0 declaration.
+        crate::entry::arg_if_declared(fcinfo, 4),
     )?;
     Ok(enum_value(result_type(fcinfo), state.as_str()))
 }
@@ -371,11 +381,11 @@ fn settle_failure(
         };
     }
     if !other_open {
-        let reopened = plans::first(plans::run(
-            client,
-            &REOPEN_JOB,
-            &[job.id.into(), retry.after.into()],
-        ));
+        let reopened = plans::first(if crate::state::catalog_has_retry_at() {
+            plans::run(client, &REOPEN_JOB, &[job.id.into(), retry.after.into()])
+        } else {
+            plans::run(client, &REOPEN_JOB_0_2, &[job.id.into()])
+        });
         if reopened.is_some_and(|row| plans::must::<bool>(&row, 1)) {
             crate::claim::notify_claimable(&job.provider);
         }

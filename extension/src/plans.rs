@@ -23,6 +23,8 @@ pub enum Name {
     DefinedContracts,
     // begin.rs
     StartAttempt,
+    /// `StartAttempt` on the catalog of 0.2.0.
+    StartAttempt0_2,
     // claim.rs
     Claim,
     // contract.rs
@@ -39,6 +41,8 @@ pub enum Name {
     UpsertContract0_1,
     // decisions.rs
     Abandon,
+    /// `Abandon` on the catalog of 0.2.0.
+    Abandon0_2,
     Cancel,
     // finish.rs
     Complete,
@@ -47,6 +51,8 @@ pub enum Name {
     LogViolation,
     FailJob,
     ReopenJob,
+    /// `ReopenJob` on the catalog of 0.2.0.
+    ReopenJob0_2,
     LogLateFailure,
     // job.rs
     LockJob,

@@ -10,7 +10,7 @@ use pg_intent_tests::*;
 use std::collections::BTreeMap;
 
 /// The releases, oldest first; the last is the current version.
-const CHAIN: &[&str] = &["0.1.0", "0.2.0"];
+const CHAIN: &[&str] = &["0.1.0", "0.2.0", "0.3.0"];
 
 /// Everything of the extension a catalog query can see, keyed by object, for comparison.
 async fn catalog(c: &Client) -> BTreeMap<String, String> {
@@ -113,10 +113,25 @@ async fn rows_of_0_1(c: &Client) -> Vec<(String, Vec<String>)> {
         .iter()
         .map(|r| r.get(0))
         .collect();
+    // The columns of 0.1.0 (0.3.0 added retry_at, NULL for every job the upgrade finds).
+    let jobs = c
+        .query(
+            "SELECT (id, owner_id, idempotency_key, provider, params, contract, state, version,
+                     completed_by, result, error, max_attempts, attempt_count, created_at, updated_at)::text
+               FROM intent.jobs ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let (mut contracts, mut jobs) = (Some(contracts), Some(jobs));
     for (table, r) in rows.iter_mut() {
-        if table == "intent.contracts" {
-            *r = contracts;
-            break;
+        match table.as_str() {
+            "intent.contracts" => *r = contracts.take().unwrap(),
+            "intent.jobs" => *r = jobs.take().unwrap(),
+            _ => {}
         }
     }
     rows
@@ -197,7 +212,17 @@ async fn every_release_upgrades_to_exactly_a_fresh_install_with_every_row_intact
             rows_of_0_1(&c).await,
             "{from} → {current}: every row intact"
         );
-        // 0.2.0 records who a checker runs as: the upgrade records its owner, and no definer.
+        let retry_times: i64 = c
+            .query_one("SELECT count(retry_at) FROM intent.jobs", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            retry_times, 0,
+            "{from} → {current}: no job gets a retry time"
+        );
+        // 0.2.0 records who a checker runs as: the upgrade from 0.1.0 records its owner and no
+        // definer; from 0.2.0 on, define_contract recorded its caller.
         let recorded: Vec<(String, Option<String>, Option<String>)> = c
             .query(
                 "SELECT name::text, checker_owner::text, defined_by::text FROM intent.contracts ORDER BY name",
@@ -208,12 +233,14 @@ async fn every_release_upgrades_to_exactly_a_fresh_install_with_every_row_intact
             .iter()
             .map(|r| (r.get(0), r.get(1), r.get(2)))
             .collect();
+        let definer = (*from != "0.1.0").then(|| "postgres".to_string());
         assert_eq!(
             recorded,
             [
-                ("loose".to_string(), None, None),
-                ("shape".to_string(), Some("postgres".to_string()), None)
-            ]
+                ("loose".to_string(), None, definer.clone()),
+                ("shape".to_string(), Some("postgres".to_string()), definer)
+            ],
+            "{from} → {current}"
         );
         // Every answer intact: replays, the gate, the winner, the contract's checker.
         let replay = submit(&c, "alice", "running", "gpu", &json!({}))
