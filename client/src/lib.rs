@@ -117,20 +117,23 @@ mod calls;
 mod error;
 mod exec;
 pub mod harness;
+pub mod runner;
 mod types;
 mod worker;
 
 pub use calls::{
     MAX_REASON_CHARS, abandon_attempt, begin_attempt, bind_owner, cancel_job, certify_provider,
-    complete_attempt, define_contract, fail_attempt, get_attempt, get_job, heartbeat, mark_unknown,
-    revoke_certification, submit_job, sweep, unknown_attempts, validate_result,
+    claim_attempts, complete_attempt, define_contract, fail_attempt, fail_attempt_after,
+    get_attempt, get_job, heartbeat, mark_unknown, next_retry_in, revoke_certification, submit_job,
+    sweep, unknown_attempts, validate_result,
 };
 pub use error::Error;
 pub use exec::{Cached, Call, Connection, Executor, StatementCache, Transaction};
+pub use runner::{Connections, Runner};
 pub use types::{
-    Attempt, AttemptRecord, AttemptState, BeginOptions, Completion, DEFAULT_LEASE,
-    DEFAULT_MAX_ATTEMPTS, FingerprintField, JobRecord, JobState, NewJob, Submitted, UnknownLabel,
-    Validation,
+    Attempt, AttemptRecord, AttemptState, BeginOptions, ClaimOptions, ClaimedAttempt, Completion,
+    DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, FingerprintField, JobRecord, JobState, NewJob, Submitted,
+    UnknownLabel, Validation,
 };
 pub use worker::{Failover, Run, WorkError, Worker};
 
@@ -193,11 +196,20 @@ mod tests {
 
     #[cfg(feature = "deadpool")]
     #[allow(dead_code)]
-    fn pooled_futures_are_send(obj: &deadpool_postgres::Object, id: Uuid) {
+    fn pooled_futures_are_send(
+        obj: &deadpool_postgres::Object,
+        pool: deadpool_postgres::Pool,
+        id: Uuid,
+    ) {
         fn send<T: Send>(_: T) {}
         send(sweep(obj));
         let worker = Worker::new(obj, std::time::Duration::from_secs(1));
         send(worker.run(id, None, |_| async { Ok::<_, WorkError<()>>(()) }));
+        let runner = Runner::new(pool, std::time::Duration::from_secs(1));
+        send(runner.run(
+            |_| async { Ok::<_, WorkError<()>>(()) },
+            std::future::pending(),
+        ));
     }
 
     /// The SPEC's test vectors, through the client's typed API.
