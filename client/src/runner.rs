@@ -278,9 +278,13 @@ enum Wake {
 }
 
 /// What an attempt's task hands back.
+#[derive(Default)]
 struct Ended {
     /// A delay the work asked for before the job's next attempt.
     retry_in: Option<Duration>,
+    /// The job returns to `pending` after a delay the runner does not know (the default
+    /// backoff): read the next retry time.
+    retry_later: bool,
 }
 
 /// Everything an attempt's task needs, shared.
@@ -497,6 +501,7 @@ impl<C: Connections> Runner<C> {
         let mut watch_retries = self.watch_retries;
 
         let mut more = true; // claim at the next turn
+        let mut read_retry = false; // read the next retry time at the next turn
         let mut backlog = false; // the last claim may have left work behind
         let mut next_poll = Instant::now() + self.poll_every;
         let mut next_retry: Option<Instant> = None;
@@ -550,6 +555,20 @@ impl<C: Connections> Runner<C> {
                     }
                 }
             }
+            if std::mem::take(&mut read_retry) && watch_retries {
+                let providers = (!all.is_empty()).then_some(all.as_slice());
+                match self.next_retry(providers).await {
+                    Ok(Some(d)) => next_retry = Some(earliest(next_retry, d)),
+                    Ok(None) => {}
+                    Err(error) => {
+                        let code = error.downcast_ref::<Error>().and_then(Error::code);
+                        if code == Some("42501") {
+                            watch_retries = false;
+                        }
+                        shared.emit(Event::RetryTimeFailed { error });
+                    }
+                }
+            }
             let wake_at = next_retry.map_or(next_poll, |r| r.min(next_poll));
             tokio::select! {
                 biased;
@@ -574,10 +593,11 @@ impl<C: Connections> Runner<C> {
                 }
                 () = self.wake.notified() => more = true,
                 Some(ended) = tasks.join_next(), if !tasks.is_empty() => {
-                    if let Some(d) = self.ended(&shared, ended) {
-                        let at = Instant::now() + d + Duration::from_millis(5);
-                        next_retry = Some(next_retry.map_or(at, |r| r.min(at)));
+                    let ended = self.ended(&shared, ended);
+                    if let Some(d) = ended.retry_in {
+                        next_retry = Some(earliest(next_retry, d));
                     }
+                    read_retry |= ended.retry_later;
                     more = backlog;
                 }
                 () = tokio::time::sleep_until(wake_at) => {
@@ -616,14 +636,14 @@ impl<C: Connections> Runner<C> {
         Ok(next_retry_in(&conn, providers).await?)
     }
 
-    /// Records an attempt's task's end; returns the retry delay it asked for.
+    /// Records an attempt's task's end.
     fn ended<F>(
         &self,
         shared: &Shared<C, F>,
         ended: Result<Ended, tokio::task::JoinError>,
-    ) -> Option<Duration> {
+    ) -> Ended {
         match ended {
-            Ok(e) => e.retry_in,
+            Ok(e) => e,
             Err(join) => {
                 // The work panicked (the attempt id is lost with the task): its attempt
                 // stays started and lapses to unknown.
@@ -634,7 +654,7 @@ impl<C: Connections> Runner<C> {
                         error: "the work panicked".into(),
                     });
                 }
-                None
+                Ended::default()
             }
         }
     }
@@ -714,6 +734,13 @@ impl<C: Connections> Runner<C> {
     }
 }
 
+/// The earlier of `at` and `d` from now, a little late rather than early: the claim compares
+/// with the server's clock.
+fn earliest(at: Option<Instant>, d: Duration) -> Instant {
+    let then = Instant::now() + d + Duration::from_millis(5);
+    at.map_or(then, |at| at.min(then))
+}
+
 fn spawn_attempt<C, T, E, F, Fut>(
     shared: &Arc<Shared<C, F>>,
     claimed: ClaimedAttempt,
@@ -743,7 +770,7 @@ fn spawn_attempt<C, T, E, F, Fut>(
             Err(error) => {
                 shared.count(|s| s.errors += 1);
                 shared.emit(Event::AttemptFailed { attempt_id, error });
-                return Ended { retry_in: None };
+                return Ended::default();
             }
         };
         let mut worker = Worker::new(&conn, shared.timeout).lease(shared.lease);
@@ -760,6 +787,7 @@ fn spawn_attempt<C, T, E, F, Fut>(
             }
             SHUTDOWN_REASON.to_string()
         };
+        let mut ended = Ended::default();
         let retry_in = Arc::new(Mutex::new(None));
         let asked = retry_in.clone();
         let work = &shared.work;
@@ -796,8 +824,12 @@ fn spawn_attempt<C, T, E, F, Fut>(
                 ..
             }) => {
                 shared.count(|s| s.failed += 1);
-                if job_state != JobState::Pending {
-                    retry_in.lock().unwrap_or_else(|p| p.into_inner()).take();
+                let asked = retry_in.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if job_state == JobState::Pending {
+                    ended = Ended {
+                        retry_in: asked,
+                        retry_later: asked.is_none(),
+                    };
                 }
                 Finish::Failed {
                     retryable,
@@ -822,7 +854,7 @@ fn spawn_attempt<C, T, E, F, Fut>(
                     attempt_id,
                     error: error.into(),
                 });
-                return Ended { retry_in: None };
+                return Ended::default();
             }
         };
         shared.emit(Event::Finished {
@@ -830,8 +862,7 @@ fn spawn_attempt<C, T, E, F, Fut>(
             provider,
             finish,
         });
-        let retry_in = retry_in.lock().unwrap_or_else(|p| p.into_inner()).take();
-        Ended { retry_in }
+        ended
     });
 }
 
