@@ -5,7 +5,8 @@
 //! error messages.
 //!
 //! * **One function per SQL function**, typed end to end: [`submit_job`], [`begin_attempt`],
-//!   [`complete_attempt`], [`fail_attempt`], [`mark_unknown`], [`heartbeat`],
+//!   [`claim_attempts`], [`complete_attempt`], [`fail_attempt`] (and [`fail_attempt_after`],
+//!   with its retry delay), [`mark_unknown`], [`heartbeat`],
 //!   [`abandon_attempt`], [`cancel_job`], [`sweep`], [`validate_result`], and for
 //!   administrators [`define_contract`], [`certify_provider`], [`revoke_certification`]. Ids
 //!   are [`Uuid`]s, states are enums ([`JobState`], [`AttemptState`], [`Completion`]), params
@@ -24,6 +25,10 @@
 //!   right version and stops when a heartbeat says so. [`Worker::run_failover`] tries the next
 //!   provider only when the gate allows and answers [`Failover::ReconcileFirst`] instead of
 //!   starting a second attempt while an outcome is unknown.
+//! * **A worker process in a few lines**: [`Runner`] `LISTEN`s for `NOTIFY intent_claimable`,
+//!   claims attempts up to its free concurrency ([`claim_attempts`]: disjoint between any number
+//!   of runners), runs each as [`Worker`] does, waits for retry times, and shuts down without
+//!   ever failing an attempt it did not finish ([`runner`]).
 //! * **Certification by evidence**: the [`harness`] runs a contract's test suite through the
 //!   real round trip (render the prompt, call the provider, parse) against any
 //!   [`harness::Provider`] — an OpenAI-compatible API with the `openai` feature — has the

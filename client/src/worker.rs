@@ -98,8 +98,9 @@ pub enum Run<T, E> {
         /// The job's state after it: `pending` when another attempt may begin.
         job_state: JobState,
     },
-    /// The caller's timeout fired (or the work said the outcome is unknown): the attempt was
-    /// marked `unknown`, never `failed`. No attempt may begin until it is reconciled:
+    /// The caller's timeout fired (or the work said the outcome is unknown, or
+    /// [`Worker::drive_until`]'s interrupt came first): the attempt was marked `unknown`, never
+    /// `failed`. No attempt may begin until it is reconciled:
     /// completed or failed from what the provider did, or abandoned.
     Unknown {
         /// The attempt.
