@@ -189,10 +189,10 @@ async fn sixteen_workers_run_ten_thousand_jobs_each_attempt_begun_once() {
     let started = std::time::Instant::now();
     for from in (1..=JOBS).step_by(1000) {
         db.execute(
-            "SELECT count(intent.submit_job('owner', 'k' || g, \
-                 CASE WHEN g % 2 = 0 THEN 'gpu-a' ELSE 'gpu-b' END, \
-                 jsonb_build_object('n', g), NULL, 3)) \
-             FROM generate_series($1::int, $2::int) g",
+            "SELECT count(*) FROM generate_series($1::int, $2::int) g, \
+                 LATERAL intent.submit_job('owner', 'k' || g, \
+                     CASE WHEN g % 2 = 0 THEN 'gpu-a' ELSE 'gpu-b' END, \
+                     jsonb_build_object('n', g), NULL, 3)",
             &[&from, &(from + 999)],
         )
         .await
