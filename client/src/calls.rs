@@ -10,8 +10,8 @@ use uuid::Uuid;
 use crate::error::{Context, Error};
 use crate::exec::{Call, Executor};
 use crate::types::{
-    Attempt, AttemptRecord, BeginOptions, Completion, IntervalArg, IntervalValue, JobRecord,
-    JobState, JsonArg, NewJob, RawJson, Submitted, Validation,
+    Attempt, AttemptRecord, BeginOptions, ClaimOptions, ClaimedAttempt, Completion, IntervalArg,
+    IntervalValue, JobRecord, JobState, JsonArg, NewJob, RawJson, Submitted, Validation,
 };
 
 /// The longest `reason` the server accepts, in characters.
@@ -146,22 +146,107 @@ pub async fn complete_attempt(
 /// `intent.fail_attempt`: a definite failure — the provider said that nothing happened.
 ///
 /// Never report a timeout here: that is [`mark_unknown`]. Returns the job's state: `pending` if
-/// `retryable` and attempts remain, else `failed`.
+/// `retryable` and attempts remain, else `failed`. A retryable failure waits for the default
+/// backoff (settings `intent.retry_backoff`, `intent.retry_backoff_max`) before
+/// [`claim_attempts`] takes the job again; [`fail_attempt_after`] chooses the delay.
 pub async fn fail_attempt(
     db: &(impl Executor + ?Sized),
     attempt: &Attempt,
     error: &(impl Serialize + ?Sized),
     retryable: bool,
 ) -> Result<JobState, Error> {
+    fail_attempt_after(db, attempt, error, retryable, None).await
+}
+
+/// `intent.fail_attempt` with its `retry_after`: like [`fail_attempt`], and when the job returns
+/// to `pending`, [`claim_attempts`] does not take it before `retry_after` has passed (`None`:
+/// the default backoff; zero: at once, and `NOTIFY intent_claimable` wakes the workers).
+///
+/// `retry_after` is at most 30 days ([`Error::InvalidInput`] otherwise). It gates claims only:
+/// [`begin_attempt`] may begin the next attempt at any time.
+pub async fn fail_attempt_after(
+    db: &(impl Executor + ?Sized),
+    attempt: &Attempt,
+    error: &(impl Serialize + ?Sized),
+    retryable: bool,
+    retry_after: Option<Duration>,
+) -> Result<JobState, Error> {
     let error = JsonArg::new(error)?;
+    let retry_after = retry_after.map(IntervalArg::new);
     let row = query_one(
         db,
         Call::FailAttempt,
-        &[&attempt.id, &attempt.version, &error, &retryable],
+        &[
+            &attempt.id,
+            &attempt.version,
+            &error,
+            &retryable,
+            &retry_after,
+        ],
         Context::attempt(attempt.id),
     )
     .await?;
     Ok(get::<&str>(&row, 0)?.parse()?)
+}
+
+/// `intent.claim_attempts`: begins the next attempt of up to `options.max_jobs` jobs that may
+/// begin one now (pending, attempts left, retry time passed, provider in `options.providers`),
+/// longest-waiting first, each on the job's own provider.
+///
+/// Concurrent claimers get disjoint jobs and never wait for each other (`SKIP LOCKED`): a claim
+/// answers fewer attempts, or none. Each attempt is as [`begin_attempt`] would have begun it:
+/// heartbeat it and report it with its own [`Attempt`] (or let [`crate::Runner`] do all that).
+/// Run it outside a transaction, or in a READ COMMITTED one.
+pub async fn claim_attempts(
+    db: &(impl Executor + ?Sized),
+    options: &ClaimOptions<'_>,
+) -> Result<Vec<ClaimedAttempt>, Error> {
+    let lease = IntervalArg::new(options.lease);
+    let max_jobs = i32::from(options.max_jobs);
+    let cx = Context::default();
+    let stmt = db
+        .prepare_call(Call::ClaimAttempts)
+        .await
+        .map_err(|e| Error::from_pg(e, cx))?;
+    let rows = db
+        .client()
+        .query(
+            &stmt,
+            &[&options.providers, &options.worker, &lease, &max_jobs],
+        )
+        .await
+        .map_err(|e| Error::from_pg(e, cx))?;
+    rows.iter()
+        .map(|row| {
+            let attempt_no: i32 = get(row, 2)?;
+            let provider: String = get(row, 5)?;
+            Ok(ClaimedAttempt {
+                attempt: Attempt {
+                    id: get(row, 1)?,
+                    attempt_no: u16::try_from(attempt_no).unwrap_or(0),
+                    version: get(row, 3)?,
+                    deadline: get(row, 4)?,
+                    lease: options.lease,
+                    provider: Some(provider.clone()),
+                },
+                provider,
+                params: decode_value(row, 6)?.unwrap_or_default(),
+                contract: get(row, 7)?,
+            })
+        })
+        .collect()
+}
+
+/// How long until the earliest retry time still ahead among the claimable jobs of `providers`
+/// (`None`: any provider); `None` when no job waits for one. Reads `intent.jobs` (needs
+/// `SELECT` on it, an operator's right): a worker sleeps until then instead of polling.
+pub async fn next_retry_in(
+    db: &(impl Executor + ?Sized),
+    providers: Option<&[&str]>,
+) -> Result<Option<Duration>, Error> {
+    let row = query_one(db, Call::NextRetryIn, &[&providers], Context::default()).await?;
+    let secs: Option<f64> = get(&row, 0)?;
+    Ok(secs.map(|s| Duration::from_secs_f64(s.max(0.0))))
 }
 
 /// `intent.mark_unknown`: the caller's own timeout fired. A started attempt becomes `unknown`,

@@ -53,6 +53,10 @@ pub enum Call {
     BindOwner,
     /// `intent.validate_result`.
     ValidateResult,
+    /// `intent.claim_attempts`.
+    ClaimAttempts,
+    /// How long until the next retry time of a claimable job (reads `intent.jobs`).
+    NextRetryIn,
 }
 
 /// The start of the `intent.attempts` reads: the columns [`crate::AttemptRecord`] is read from.
@@ -65,7 +69,7 @@ macro_rules! select_attempts {
 
 impl Call {
     /// Every call, in the order of their cache slots.
-    pub const ALL: [Call; 17] = [
+    pub const ALL: [Call; 19] = [
         Call::SubmitJob,
         Call::BeginAttempt,
         Call::CompleteAttempt,
@@ -83,6 +87,8 @@ impl Call {
         Call::RevokeCertification,
         Call::BindOwner,
         Call::ValidateResult,
+        Call::ClaimAttempts,
+        Call::NextRetryIn,
     ];
 
     /// The SQL text. Enum results are cast to `text` so that preparing needs no look-up of the
@@ -98,7 +104,7 @@ impl Call {
                  FROM intent.begin_attempt($1, $2, $3, $4)"
             }
             Call::CompleteAttempt => "SELECT intent.complete_attempt($1, $2, $3)::text",
-            Call::FailAttempt => "SELECT intent.fail_attempt($1, $2, $3, $4)::text",
+            Call::FailAttempt => "SELECT intent.fail_attempt($1, $2, $3, $4, $5)::text",
             Call::MarkUnknown => "SELECT intent.mark_unknown($1, $2)",
             Call::Heartbeat => "SELECT intent.heartbeat($1, $2)",
             Call::AbandonAttempt => "SELECT intent.abandon_attempt($1, $2)",
@@ -125,6 +131,19 @@ impl Call {
                 "SELECT intent.bound_owner() IS NULL, pg_catalog.set_config('intent.owner_id', $1, true)"
             }
             Call::ValidateResult => "SELECT valid, errors FROM intent.validate_result($1, $2)",
+            Call::ClaimAttempts => {
+                "SELECT job_id, attempt_id, attempt_no, version, deadline, provider, params, \
+                 contract FROM intent.claim_attempts($1, $2, $3, $4)"
+            }
+            // The pending jobs with attempts left whose retry time lies ahead, by the
+            // `jobs_claimable` index; computed on the server so that clock skew does not matter.
+            Call::NextRetryIn => {
+                "SELECT extract(epoch FROM min(coalesce(retry_at, updated_at)) \
+                 - statement_timestamp())::float8 FROM intent.jobs \
+                 WHERE state = 'pending' AND attempt_count < max_attempts \
+                 AND coalesce(retry_at, updated_at) > statement_timestamp() \
+                 AND ($1::text[] IS NULL OR provider = ANY ($1))"
+            }
         }
     }
 
@@ -141,7 +160,13 @@ impl Call {
             ],
             Call::BeginAttempt => &[Type::UUID, Type::TEXT, Type::INTERVAL, Type::TEXT],
             Call::CompleteAttempt => &[Type::UUID, Type::INT8, Type::JSONB],
-            Call::FailAttempt => &[Type::UUID, Type::INT8, Type::JSONB, Type::BOOL],
+            Call::FailAttempt => &[
+                Type::UUID,
+                Type::INT8,
+                Type::JSONB,
+                Type::BOOL,
+                Type::INTERVAL,
+            ],
             Call::MarkUnknown | Call::AbandonAttempt | Call::CancelJob => &[Type::UUID, Type::TEXT],
             Call::Heartbeat => &[Type::UUID, Type::INTERVAL],
             Call::Sweep => &[],
@@ -152,6 +177,8 @@ impl Call {
             Call::RevokeCertification => &[Type::TEXT, Type::TEXT, Type::TEXT],
             Call::BindOwner => &[Type::TEXT],
             Call::ValidateResult => &[Type::TEXT, Type::JSONB],
+            Call::ClaimAttempts => &[Type::TEXT_ARRAY, Type::TEXT, Type::INTERVAL, Type::INT4],
+            Call::NextRetryIn => &[Type::TEXT_ARRAY],
         }
     }
 

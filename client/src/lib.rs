@@ -5,7 +5,8 @@
 //! error messages.
 //!
 //! * **One function per SQL function**, typed end to end: [`submit_job`], [`begin_attempt`],
-//!   [`complete_attempt`], [`fail_attempt`], [`mark_unknown`], [`heartbeat`],
+//!   [`claim_attempts`], [`complete_attempt`], [`fail_attempt`] (and [`fail_attempt_after`],
+//!   with its retry delay), [`mark_unknown`], [`heartbeat`],
 //!   [`abandon_attempt`], [`cancel_job`], [`sweep`], [`validate_result`], and for
 //!   administrators [`define_contract`], [`certify_provider`], [`revoke_certification`]. Ids
 //!   are [`Uuid`]s, states are enums ([`JobState`], [`AttemptState`], [`Completion`]), params
@@ -24,6 +25,10 @@
 //!   right version and stops when a heartbeat says so. [`Worker::run_failover`] tries the next
 //!   provider only when the gate allows and answers [`Failover::ReconcileFirst`] instead of
 //!   starting a second attempt while an outcome is unknown.
+//! * **A worker process in a few lines**: [`Runner`] `LISTEN`s for `NOTIFY intent_claimable`,
+//!   claims attempts up to its free concurrency ([`claim_attempts`]: disjoint between any number
+//!   of runners), runs each as [`Worker`] does, waits for retry times, and shuts down without
+//!   ever failing an attempt it did not finish ([`runner`]).
 //! * **Certification by evidence**: the [`harness`] runs a contract's test suite through the
 //!   real round trip (render the prompt, call the provider, parse) against any
 //!   [`harness::Provider`] — an OpenAI-compatible API with the `openai` feature — has the
@@ -117,20 +122,23 @@ mod calls;
 mod error;
 mod exec;
 pub mod harness;
+pub mod runner;
 mod types;
 mod worker;
 
 pub use calls::{
     MAX_REASON_CHARS, abandon_attempt, begin_attempt, bind_owner, cancel_job, certify_provider,
-    complete_attempt, define_contract, fail_attempt, get_attempt, get_job, heartbeat, mark_unknown,
-    revoke_certification, submit_job, sweep, unknown_attempts, validate_result,
+    claim_attempts, complete_attempt, define_contract, fail_attempt, fail_attempt_after,
+    get_attempt, get_job, heartbeat, mark_unknown, next_retry_in, revoke_certification, submit_job,
+    sweep, unknown_attempts, validate_result,
 };
 pub use error::Error;
 pub use exec::{Cached, Call, Connection, Executor, StatementCache, Transaction};
+pub use runner::{Connections, Runner};
 pub use types::{
-    Attempt, AttemptRecord, AttemptState, BeginOptions, Completion, DEFAULT_LEASE,
-    DEFAULT_MAX_ATTEMPTS, FingerprintField, JobRecord, JobState, NewJob, Submitted, UnknownLabel,
-    Validation,
+    Attempt, AttemptRecord, AttemptState, BeginOptions, ClaimOptions, ClaimedAttempt, Completion,
+    DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, FingerprintField, JobRecord, JobState, NewJob, Submitted,
+    UnknownLabel, Validation,
 };
 pub use worker::{Failover, Run, WorkError, Worker};
 
@@ -193,11 +201,20 @@ mod tests {
 
     #[cfg(feature = "deadpool")]
     #[allow(dead_code)]
-    fn pooled_futures_are_send(obj: &deadpool_postgres::Object, id: Uuid) {
+    fn pooled_futures_are_send(
+        obj: &deadpool_postgres::Object,
+        pool: deadpool_postgres::Pool,
+        id: Uuid,
+    ) {
         fn send<T: Send>(_: T) {}
         send(sweep(obj));
         let worker = Worker::new(obj, std::time::Duration::from_secs(1));
         send(worker.run(id, None, |_| async { Ok::<_, WorkError<()>>(()) }));
+        let runner = Runner::new(pool, std::time::Duration::from_secs(1));
+        send(runner.run(
+            |_| async { Ok::<_, WorkError<()>>(()) },
+            std::future::pending(),
+        ));
     }
 
     /// The SPEC's test vectors, through the client's typed API.

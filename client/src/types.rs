@@ -162,6 +162,94 @@ impl<'a> BeginOptions<'a> {
     }
 }
 
+/// The options of `intent.claim_attempts` (see [`crate::claim_attempts`]).
+///
+/// ```
+/// # use std::time::Duration;
+/// # use pg_intent_client::ClaimOptions;
+/// let providers = ["gpu-a", "gpu-b"];
+/// let options = ClaimOptions::new().providers(&providers).worker("box-7").max_jobs(8);
+/// assert_eq!(options.lease, Duration::from_secs(30));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimOptions<'a> {
+    /// The providers whose jobs to claim (`None`: any provider). Each 1–255 characters.
+    pub providers: Option<&'a [&'a str]>,
+    /// Who runs the attempts (for the people reading `intent.attempts`).
+    pub worker: Option<&'a str>,
+    /// The lease of each attempt begun (positive, at most 24 hours).
+    pub lease: Duration,
+    /// How many jobs to claim at most (1–1000).
+    pub max_jobs: u16,
+}
+
+impl Default for ClaimOptions<'_> {
+    fn default() -> Self {
+        ClaimOptions {
+            providers: None,
+            worker: None,
+            lease: DEFAULT_LEASE,
+            max_jobs: 1,
+        }
+    }
+}
+
+impl<'a> ClaimOptions<'a> {
+    /// The SQL defaults: any provider, no worker name, a 30-second lease, one job.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Claims only jobs of these providers.
+    pub fn providers(mut self, providers: &'a [&'a str]) -> Self {
+        self.providers = Some(providers);
+        self
+    }
+
+    /// Names the worker.
+    pub fn worker(mut self, worker: &'a str) -> Self {
+        self.worker = Some(worker);
+        self
+    }
+
+    /// Sets the lease.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets how many jobs to claim at most.
+    pub fn max_jobs(mut self, max_jobs: u16) -> Self {
+        self.max_jobs = max_jobs;
+        self
+    }
+}
+
+/// One attempt begun by `intent.claim_attempts`: its handle and the job it belongs to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimedAttempt {
+    /// The attempt, with its fencing token: heartbeat it, then report it.
+    pub attempt: Attempt,
+    /// The job's provider (the attempt runs on it).
+    pub provider: String,
+    /// The job's params.
+    pub params: serde_json::Value,
+    /// The job's contract, if any.
+    pub contract: Option<String>,
+}
+
+impl ClaimedAttempt {
+    /// The job.
+    pub fn job_id(&self) -> Uuid {
+        self.attempt.job_id()
+    }
+
+    /// The params as `P`.
+    pub fn params_as<P: DeserializeOwned>(&self) -> Result<P, Error> {
+        P::deserialize(&self.params).map_err(Error::Deserialize)
+    }
+}
+
 /// The handle of a begun attempt, carrying its fencing token.
 ///
 /// Only [`crate::begin_attempt`] (and [`AttemptRecord::handle`], which reads the token from the

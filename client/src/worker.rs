@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::calls::{begin_attempt, complete_attempt, fail_attempt, heartbeat, mark_unknown};
+use crate::calls::{begin_attempt, complete_attempt, fail_attempt_after, heartbeat, mark_unknown};
 use crate::error::Error;
 use crate::exec::Executor;
 use crate::types::{Attempt, BeginOptions, Completion, DEFAULT_LEASE, JobState};
@@ -22,6 +22,9 @@ pub enum WorkError<E> {
         error: E,
         /// Whether another attempt may follow (the job returns to `pending`).
         retryable: bool,
+        /// How long until a claim may take the job again, when it returns to `pending`
+        /// (`None`: the default backoff; see [`crate::fail_attempt_after`]).
+        retry_after: Option<Duration>,
     },
     /// The outcome cannot be known (the connection dropped after the request was sent, the
     /// provider answered 5xx mid-job…): the provider may still be working. Reported with
@@ -38,6 +41,17 @@ impl<E> WorkError<E> {
         WorkError::Failed {
             error,
             retryable: true,
+            retry_after: None,
+        }
+    }
+
+    /// A definite failure after which another attempt may follow, claimed no sooner than
+    /// `retry_after` from now (a provider's `Retry-After`; zero: at once).
+    pub fn retryable_after(error: E, retry_after: Duration) -> Self {
+        WorkError::Failed {
+            error,
+            retryable: true,
+            retry_after: Some(retry_after),
         }
     }
 
@@ -46,6 +60,7 @@ impl<E> WorkError<E> {
         WorkError::Failed {
             error,
             retryable: false,
+            retry_after: None,
         }
     }
 
@@ -83,8 +98,9 @@ pub enum Run<T, E> {
         /// The job's state after it: `pending` when another attempt may begin.
         job_state: JobState,
     },
-    /// The caller's timeout fired (or the work said the outcome is unknown): the attempt was
-    /// marked `unknown`, never `failed`. No attempt may begin until it is reconciled:
+    /// The caller's timeout fired (or the work said the outcome is unknown, or
+    /// [`Worker::drive_until`]'s interrupt came first): the attempt was marked `unknown`, never
+    /// `failed`. No attempt may begin until it is reconciled:
     /// completed or failed from what the provider did, or abandoned.
     Unknown {
         /// The attempt.
@@ -222,6 +238,7 @@ enum Ended<T, E> {
     Work(Result<T, WorkError<E>>),
     Stop(Result<(), Error>),
     Timeout,
+    Interrupted(String),
 }
 
 impl<'a, D: Executor + ?Sized> Worker<'a, D> {
@@ -301,7 +318,9 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
         }
     }
 
-    /// Runs `work` for a begun attempt (see [`Worker::run`]).
+    /// Runs `work` for an attempt already begun — by [`begin_attempt`], or claimed by
+    /// [`crate::claim_attempts`] — exactly as [`Worker::run`] does after its begin: heartbeats,
+    /// the timeout → `unknown`, the report with the attempt's own version.
     pub async fn drive<T, E, F, Fut>(&self, attempt: Attempt, work: F) -> Result<Run<T, E>, Error>
     where
         T: Serialize,
@@ -309,17 +328,39 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Result<T, WorkError<E>>>,
     {
+        self.drive_until(attempt, work, std::future::pending::<String>())
+            .await
+    }
+
+    /// Like [`Worker::drive`], and when `interrupt` resolves (to a reason) before the work ends,
+    /// the work is dropped and the attempt is marked `unknown` with that reason — as when the
+    /// timeout fires, never `failed`: the provider may have done the work. A worker shutting down
+    /// uses it. Work that has already ended is reported as usual.
+    pub async fn drive_until<T, E, F, Fut, I>(
+        &self,
+        attempt: Attempt,
+        work: F,
+        interrupt: I,
+    ) -> Result<Run<T, E>, Error>
+    where
+        T: Serialize,
+        E: Serialize,
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, WorkError<E>>>,
+        I: Future<Output = String>,
+    {
         let ended = {
             let work = work(attempt.clone());
             let keep_alive = self.keep_alive(attempt.id());
             let timer = tokio::time::sleep(self.timeout);
-            tokio::pin!(work, keep_alive, timer);
+            tokio::pin!(work, keep_alive, timer, interrupt);
             tokio::select! {
                 // A result that is in hand is reported, even if the timer fired as well.
                 biased;
                 r = &mut work => Ended::Work(r),
                 stop = &mut keep_alive => Ended::Stop(stop),
                 () = &mut timer => Ended::Timeout,
+                reason = &mut interrupt => Ended::Interrupted(reason),
             }
             // The work future is dropped here: whatever it was doing stops.
         };
@@ -332,8 +373,13 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
                     result,
                 })
             }
-            Ended::Work(Err(WorkError::Failed { error, retryable })) => {
-                let job_state = fail_attempt(self.db, &attempt, &error, retryable).await?;
+            Ended::Work(Err(WorkError::Failed {
+                error,
+                retryable,
+                retry_after,
+            })) => {
+                let job_state =
+                    fail_attempt_after(self.db, &attempt, &error, retryable, retry_after).await?;
                 Ok(Run::Failed {
                     attempt,
                     error,
@@ -341,7 +387,7 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
                     job_state,
                 })
             }
-            Ended::Work(Err(WorkError::Unknown { reason })) => {
+            Ended::Work(Err(WorkError::Unknown { reason })) | Ended::Interrupted(reason) => {
                 mark_unknown(self.db, attempt.id(), Some(&reason)).await?;
                 Ok(Run::Unknown { attempt, reason })
             }

@@ -28,7 +28,7 @@ mod worker;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -62,8 +62,15 @@ pub struct WorkerConfig {
     pub timeout: Duration,
     /// The lease of each attempt; heartbeats extend it while the provider works.
     pub lease: Duration,
-    /// How often to look for pending jobs (a new job wakes the worker at once).
+    /// How often to claim when nothing woke the worker: a fallback, since a job created by
+    /// this process wakes it at once, and so does `NOTIFY intent_claimable` with `listen`.
     pub poll_every: Duration,
+    /// The connection to `LISTEN` on for `intent_claimable` (its own, outside the pool);
+    /// `None`: no `LISTEN`, only this process's own jobs wake the worker, and the poll.
+    pub listen: Option<tokio_postgres::Config>,
+    /// On shutdown, how long running attempts may still finish before they are marked
+    /// `unknown`.
+    pub grace: Duration,
 }
 
 impl Default for WorkerConfig {
@@ -74,6 +81,8 @@ impl Default for WorkerConfig {
             timeout: Duration::from_secs(60),
             lease: Duration::from_secs(15),
             poll_every: Duration::from_secs(1),
+            listen: None,
+            grace: Duration::from_secs(20),
         }
     }
 }
@@ -204,9 +213,7 @@ struct Inner {
     config: Config,
     provider: Arc<dyn Provider>,
     /// Wakes the worker when a job is created.
-    wake: tokio::sync::Notify,
-    /// The jobs this process is running an attempt of.
-    running: Mutex<std::collections::HashSet<Uuid>>,
+    wake: Arc<tokio::sync::Notify>,
 }
 
 impl Gateway {
@@ -217,8 +224,7 @@ impl Gateway {
                 pool,
                 config,
                 provider: Arc::new(provider),
-                wake: tokio::sync::Notify::new(),
-                running: Mutex::new(Default::default()),
+                wake: Arc::new(tokio::sync::Notify::new()),
             }),
         }
     }
@@ -245,11 +251,21 @@ impl Gateway {
             .await
     }
 
-    /// Starts the worker: it picks pending jobs and runs their attempts through the client's
-    /// [`pg_intent_client::Worker`]. Abort the handle to stop it.
+    /// Starts the worker: a [`pg_intent_client::Runner`] that claims the attempts of claimable
+    /// jobs and runs them. Abort the handle to stop it at once (its attempts stay `started` and
+    /// lapse with their lease); [`Gateway::spawn_worker_until`] stops it gracefully.
     pub fn spawn_worker(&self) -> tokio::task::JoinHandle<()> {
+        self.spawn_worker_until(std::future::pending())
+    }
+
+    /// Starts the worker until `shutdown` resolves: then it stops claiming, lets running
+    /// attempts finish within [`WorkerConfig::grace`] and marks the rest `unknown`.
+    pub fn spawn_worker_until(
+        &self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> tokio::task::JoinHandle<()> {
         let gw = self.clone();
-        tokio::spawn(async move { gw.work().await })
+        tokio::spawn(async move { gw.work(shutdown).await })
     }
 
     fn config(&self) -> &Config {

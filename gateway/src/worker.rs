@@ -1,116 +1,79 @@
-//! The gateway's worker: finds pending jobs and runs one attempt of each through the client's
-//! [`Worker`] helper, which begins it, heartbeats while the provider works, marks it `unknown`
-//! (never `failed`) when the timeout fires, and reports with the attempt's own fencing token.
+//! The gateway's worker: a [`Runner`] of the client, which claims the attempts of claimable jobs
+//! (`intent.claim_attempts`), runs each through the protocol — heartbeats while the provider
+//! works, `unknown` (never `failed`) when the timeout fires, the report with the attempt's own
+//! fencing token — and shuts down without failing an attempt it did not finish.
 //!
-//! The database is the queue: `intent.jobs WHERE state = 'pending'`. The gate
-//! (`begin_attempt`) lets one attempt through per job, so any number of workers, in any number
-//! of gateway processes, may poll the same jobs. A job whose outcome is unknown is never retried
-//! here: it waits for a person or a reconciler (docs/runbook.md).
+//! The database is the queue: claims are disjoint, so any number of workers, in any number of
+//! gateway processes, may run the same jobs' attempts. It wakes on `NOTIFY intent_claimable`
+//! (with [`crate::WorkerConfig::listen`]) and when this process creates a job, and polls as a
+//! fallback. A job whose outcome is unknown is never retried here: it waits for a person or a
+//! reconciler (docs/runbook.md).
 
-use std::sync::Arc;
+use std::future::Future;
 
-use pg_intent_client::{self as intent, Error, JobState, Run, Worker};
-use uuid::Uuid;
+use pg_intent_client::runner::{Event, Finish};
+use pg_intent_client::{ClaimedAttempt, Runner};
 
 use crate::{Gateway, Task, log};
 
-/// The pending jobs that may begin an attempt, oldest change first.
-const PENDING: &str = "SELECT id FROM intent.jobs
-                        WHERE state = 'pending' AND attempt_count < max_attempts
-                        ORDER BY updated_at
-                        LIMIT $1";
-
 impl Gateway {
-    pub(crate) async fn work(&self) {
-        let cfg = &self.inner.config.worker;
-        let slots = Arc::new(tokio::sync::Semaphore::new(cfg.concurrency.max(1)));
-        loop {
-            match self.pending(cfg.concurrency.max(1) as i64 * 4).await {
-                Ok(jobs) => {
-                    for job_id in jobs {
-                        if !self.inner.running.lock().unwrap().insert(job_id) {
-                            continue; // this process is already running it
-                        }
-                        let Ok(slot) = slots.clone().acquire_owned().await else {
-                            return;
-                        };
-                        let gw = self.clone();
-                        tokio::spawn(async move {
-                            gw.run_one(job_id).await;
-                            gw.inner.running.lock().unwrap().remove(&job_id);
-                            drop(slot);
-                        });
-                    }
-                }
-                Err(e) => log(&format!("worker: cannot list pending jobs: {e}")),
-            }
-            tokio::select! {
-                () = self.inner.wake.notified() => {}
-                () = tokio::time::sleep(cfg.poll_every) => {}
-            }
-        }
-    }
-
-    async fn pending(&self, limit: i64) -> Result<Vec<Uuid>, String> {
-        let conn = self.inner.pool.get().await.map_err(|e| e.to_string())?;
-        let rows = conn
-            .query(PENDING, &[&limit])
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(rows.iter().map(|r| r.get(0)).collect())
-    }
-
-    /// One attempt of one job.
-    async fn run_one(&self, job_id: Uuid) {
-        let cfg = &self.inner.config.worker;
-        let conn = match self.inner.pool.get().await {
-            Ok(c) => c,
-            Err(e) => return log(&format!("worker: no connection: {e}")),
-        };
-        let job = match intent::get_job(&conn, job_id).await {
-            Ok(Some(job)) if job.state == JobState::Pending => job,
-            Ok(_) => return,
-            Err(e) => return log(&format!("worker: cannot read job {job_id}: {e}")),
-        };
-        let worker = Worker::new(&conn, cfg.timeout)
+    pub(crate) async fn work(&self, shutdown: impl Future<Output = ()>) {
+        let config = &self.inner.config;
+        let cfg = &config.worker;
+        let mut runner = Runner::new(self.inner.pool.clone(), cfg.timeout)
+            .provider(config.default_provider.clone())
+            .providers(config.providers.iter().cloned())
+            .concurrency(cfg.concurrency.max(1))
             .lease(cfg.lease)
-            .name(cfg.name.clone());
-        let provider = self.inner.provider.clone();
-        let (provider_name, params) = (job.provider, job.params);
-        let run = worker
-            .run(job_id, None, move |attempt| {
-                provider.call(Task {
-                    attempt,
-                    provider: provider_name,
-                    params,
-                })
-            })
-            .await;
-        match run {
-            Ok(Run::Completed {
-                attempt,
-                completion,
-                ..
-            }) => log(&format!("attempt {}: {completion}", attempt.id())),
-            Ok(Run::Failed {
-                attempt, job_state, ..
-            }) => log(&format!(
-                "attempt {} failed; job {job_id} is {job_state}",
-                attempt.id()
-            )),
-            Ok(Run::Unknown { attempt, reason }) => log(&format!(
-                "attempt {} is unknown ({reason}): reconcile it (docs/runbook.md)",
-                attempt.id()
-            )),
-            Ok(Run::Stopped { attempt }) => log(&format!("attempt {} stopped", attempt.id())),
-            // Another worker got there first, or the job is no longer ours to run.
-            Err(
-                Error::AttemptInFlight { .. }
-                | Error::OutcomeUnknown { .. }
-                | Error::JobFinished { .. }
-                | Error::AttemptsExhausted { .. },
-            ) => {}
-            Err(e) => log(&format!("worker: job {job_id}: {e}")),
+            .poll_every(cfg.poll_every)
+            .grace(cfg.grace)
+            .name(cfg.name.clone())
+            .wake_on(self.inner.wake.clone())
+            .on_event(report);
+        if let Some(listen) = &cfg.listen {
+            runner = runner.listen(listen.clone());
         }
+        let provider = self.inner.provider.clone();
+        let summary = runner
+            .run(
+                move |claimed: ClaimedAttempt| {
+                    provider.call(Task {
+                        attempt: claimed.attempt,
+                        provider: claimed.provider,
+                        params: claimed.params,
+                    })
+                },
+                shutdown,
+            )
+            .await;
+        log(&format!("worker: shut down: {summary:?}"));
+    }
+}
+
+fn report(event: Event) {
+    match event {
+        Event::Finished {
+            attempt_id,
+            finish: Finish::Unknown { reason },
+            ..
+        } => log(&format!(
+            "attempt {attempt_id} is unknown ({reason}): reconcile it (docs/runbook.md)"
+        )),
+        Event::Finished {
+            attempt_id,
+            finish: Finish::ShutDown,
+            ..
+        } => log(&format!(
+            "attempt {attempt_id} is unknown (the worker shut down): reconcile it (docs/runbook.md)"
+        )),
+        Event::Finished {
+            attempt_id, finish, ..
+        } => log(&format!("attempt {attempt_id}: {finish:?}")),
+        Event::ClaimFailed { error } => log(&format!("worker: cannot claim: {error}")),
+        Event::AttemptFailed { attempt_id, error } => log(&format!(
+            "worker: attempt {attempt_id} left started, its lease will lapse: {error}"
+        )),
+        Event::ListenLost { error } => log(&format!("worker: not listening: {error}")),
+        _ => {}
     }
 }

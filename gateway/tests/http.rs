@@ -48,14 +48,17 @@ fn config() -> Config {
             timeout: Duration::from_secs(20),
             lease: Duration::from_secs(5),
             poll_every: Duration::from_millis(100),
+            ..WorkerConfig::default()
         },
         ..Config::default()
     }
 }
 
-async fn start(config: Config, provider: impl Provider, worker: bool) -> Gw {
+async fn start(mut config: Config, provider: impl Provider, worker: bool) -> Gw {
     let db = gateway_db().await;
-    let pool = pg_intent_gateway::pool(&db.cluster.conn_str_as(&db.name, "gateway"), 32).unwrap();
+    let conn_str = db.cluster.conn_str_as(&db.name, "gateway");
+    config.worker.listen = Some(conn_str.parse().unwrap());
+    let pool = pg_intent_gateway::pool(&conn_str, 32).unwrap();
     let gateway = Gateway::new(pool, config, provider);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
