@@ -2,7 +2,7 @@
 //! backoff, NOTIFY wake-ups and graceful shutdown. Every runner has its own connections (a
 //! pool and a listening connection of its own).
 
-mod common;
+mod db;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use common::{TestDb, eventually};
+use db::TestDb;
+use pg_intent_cluster::eventually;
 use pg_intent_client::runner::{Event, Finish, Summary};
 use pg_intent_client::{
     self as intent, AttemptState, ClaimOptions, ClaimedAttempt, JobState, NewJob, Runner,
