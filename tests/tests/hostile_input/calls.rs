@@ -56,6 +56,10 @@ pub enum Kind {
     AttemptIdForm,
     /// retryable.
     Flag,
+    /// fail_attempt's retry_after: zero to 30 days, no month part, no negative part.
+    RetryAfter,
+    /// claim_attempts's providers: a text[] whose every element is a name.
+    Providers,
 }
 
 /// What NULL does for an argument.
@@ -100,6 +104,7 @@ use Null::*;
 const MAX_ATTEMPTS_OUT: &[i32] = &[0, -1, 65536, i32::MAX, i32::MIN, -65535];
 const ATTEMPT_NO_OUT: &[i32] = &[0, -1, 65536, i32::MAX, i32::MIN];
 const BATCH_SIZE_OUT: &[i32] = &[0, -1, 100_001, i32::MAX, i32::MIN];
+const MAX_JOBS_OUT: &[i32] = &[0, -1, 1001, i32::MAX, i32::MIN];
 
 pub static SUBMIT_JOB: Call = Call {
     sql: SUBMIT,
@@ -174,6 +179,7 @@ pub static FAIL_ATTEMPT: Call = Call {
         arg("version", Version, Refused),
         arg("error", Document(MIB), Refused),
         arg("retryable", Flag, Refused),
+        arg("retry_after", RetryAfter, Default),
     ],
     valid: |rng, fx| {
         let a = rng.pick(&fx.attempts()).attempt_id;
@@ -182,10 +188,31 @@ pub static FAIL_ATTEMPT: Call = Call {
             bigint(1),
             jsonb(json!({"status": 500})),
             boolean(rng.percent(50)),
+            null_interval(),
         ]
     },
     bad: "fail_bad",
     unknown: "fail_unknown",
+};
+
+pub static CLAIM_ATTEMPTS: Call = Call {
+    sql: "SELECT count(*)::text FROM intent.claim_attempts($1, $2, $3, $4)",
+    args: &[
+        arg("providers", Providers, Default),
+        arg("worker", Name, Default),
+        arg("lease", Lease, Refused),
+        arg("max_jobs", Int(MAX_JOBS_OUT), Refused),
+    ],
+    valid: |_, _| {
+        vec![
+            Box::new(None::<Vec<Option<String>>>),
+            null_text(),
+            interval(30_000_000, 0, 0),
+            int(1),
+        ]
+    },
+    bad: "claim_bad",
+    unknown: "",
 };
 
 pub static MARK_UNKNOWN: Call = Call {
@@ -334,6 +361,7 @@ pub static CALLS: &[&Call] = &[
     &BEGIN_ATTEMPT,
     &COMPLETE_ATTEMPT,
     &FAIL_ATTEMPT,
+    &CLAIM_ATTEMPTS,
     &MARK_UNKNOWN,
     &HEARTBEAT_CALL,
     &ABANDON_ATTEMPT,
@@ -354,7 +382,8 @@ impl Kind {
         match self {
             Name | Contract | Reason | Checker => null_text(),
             Document(_) | Schema => null_jsonb(),
-            Lease | Validity | Retention => null_interval(),
+            Lease | Validity | Retention | RetryAfter => null_interval(),
+            Providers => Box::new(None::<Vec<Option<String>>>),
             Version => null_bigint(),
             Int(_) => null_int(),
             JobId | AttemptId | AttemptIdForm => null_id(),
@@ -424,6 +453,27 @@ impl Kind {
                 (text(checker), format!("checker {checker}"))
             }
             Lease => bad_lease(rng),
+            RetryAfter => {
+                let day = 86_400_000_000i64;
+                let ((micros, days, months), what) = *rng.pick(&[
+                    ((-1, 0, 0), "negative"),
+                    ((0, -1, 0), "minus a day"),
+                    ((0, 0, 1), "a month"),
+                    ((0, 31, 0), "31 days"),
+                    ((30 * day + 1, 0, 0), "30 days and a microsecond"),
+                    ((i64::MAX, i32::MAX, i32::MAX), "enormous"),
+                ]);
+                (interval(micros, days, months), format!("retry_after {what}"))
+            }
+            Providers => {
+                let (list, what): (Vec<Option<String>>, &str) = match rng.below(4) {
+                    0 => (vec![None], "a NULL provider"),
+                    1 => (vec![Some(String::new())], "an empty provider"),
+                    2 => (vec![Some("x".repeat(256))], "a 256-character provider"),
+                    _ => (vec![Some("gpu".into()), None], "a NULL among providers"),
+                };
+                (Box::new(Some(list)), what.to_string())
+            }
             Validity => {
                 // (Intervals so large that now() + valid_for overflows: see
                 // enormous_validities_and_retentions_get_documented_codes.)

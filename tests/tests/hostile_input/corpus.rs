@@ -7,7 +7,7 @@ pub const SUBMIT: &str = "SELECT format('%s %s %s %s', job_id, created, state, v
 pub const BEGIN: &str = "SELECT format('%s %s', attempt_id, version)
                        FROM intent.begin_attempt($1, $2, $3, $4)";
 pub const COMPLETE: &str = "SELECT intent.complete_attempt($1, $2, $3)::text";
-pub const FAIL: &str = "SELECT intent.fail_attempt($1, $2, $3, $4)::text";
+pub const FAIL: &str = "SELECT intent.fail_attempt($1, $2, $3, $4, $5)::text";
 pub const MARK: &str = "SELECT intent.mark_unknown($1, $2)::text";
 pub const HEARTBEAT: &str = "SELECT intent.heartbeat($1, $2)::text";
 pub const ABANDON: &str = "SELECT intent.abandon_attempt($1, $2)::text";
