@@ -49,7 +49,7 @@ install_packages() {
   local want=(postgresql-$DEFAULT_MAJOR postgresql-server-dev-$DEFAULT_MAJOR postgresql-$DEFAULT_MAJOR-cron libclang-dev clang sudo valgrind)
   local missing=()
   for p in "${want[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" == *"install ok installed"* ]] || missing+=("$p")
   done
   if [ ${#missing[@]} -gt 0 ]; then
     # Always name the whole set: installing the headers alone could leave the server at an
@@ -63,7 +63,7 @@ install_packages() {
 }
 
 install_cargo_pgrx() {
-  if cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION\$"; then return; fi
+  if [[ "$(cargo pgrx --version 2>/dev/null)" == *" $PGRX_VERSION" ]]; then return; fi
   log "installing cargo-pgrx $PGRX_VERSION (takes several minutes, once)"
   cargo install cargo-pgrx --version "=$PGRX_VERSION" --locked
 }

@@ -62,15 +62,19 @@ CONTROL
 if [ "${1:-}" = test ]; then
   use_major "$DEFAULT_MAJOR"
   deb="$(build_deb "$DEFAULT_MAJOR")"
-  dpkg-deb --info "$deb" | grep -q "Depends: postgresql-$DEFAULT_MAJOR," || die "the package does not depend on postgresql-$DEFAULT_MAJOR"
+  # Read whole before matching: `cmd | grep -q` fails under pipefail when grep exits first and
+  # cmd then dies of SIGPIPE, which depends on timing.
+  info="$(dpkg-deb --info "$deb")"
+  grep -q "Depends: postgresql-$DEFAULT_MAJOR," <<<"$info" || die "the package does not depend on postgresql-$DEFAULT_MAJOR"
   log "apt-get install $deb"
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q "$deb" >/dev/null
-  dpkg-query -W -f='${Status}\n' "postgresql-$DEFAULT_MAJOR-pg-intent" | grep -q "install ok installed" || die "the package is not installed"
+  [[ "$(dpkg-query -W -f='${Status}' "postgresql-$DEFAULT_MAJOR-pg-intent")" == *"install ok installed"* ]] || die "the package is not installed"
   start_cluster
-  "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -c "CREATE EXTENSION pg_intent" \
+  out="$("$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -c "CREATE EXTENSION pg_intent" \
     -c "SELECT (intent.submit_job('deb', 'k1', 'p', '{}')).created" \
-    -c "SELECT extversion FROM pg_extension WHERE extname = 'pg_intent'" | grep -q "$VERSION" \
+    -c "SELECT extversion FROM pg_extension WHERE extname = 'pg_intent'")" \
     || die "CREATE EXTENSION from the package failed"
+  grep -q "$VERSION" <<<"$out" || die "the package installed another version than $VERSION"
   "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -c "DROP EXTENSION pg_intent"
   stop_cluster
   log "apt-get remove postgresql-$DEFAULT_MAJOR-pg-intent"

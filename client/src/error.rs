@@ -132,7 +132,13 @@ pub enum Error {
 
 fn said(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
-        Some(db) => match db.detail() {
+        Some(db) => match db.detail().map(|d| {
+            if carries_facts(db) {
+                Facts::prose(d)
+            } else {
+                d
+            }
+        }) {
             Some(detail) => format!("{} ({detail})", db.message()),
             None => db.message().to_string(),
         },
@@ -173,9 +179,88 @@ impl Context<'_> {
     }
 }
 
-/// The facts line of a DETAIL (none: no facts).
-fn facts_of(detail: &str) -> Facts {
-    Facts::from_detail(detail).unwrap_or_default()
+/// Whether pg_intent itself raised this error with a facts line: a refusal whose code carries
+/// facts, raised by the extension (its errors name the file `pg_intent`; a contract checker's
+/// error that pg_intent passes through names the file of the code that raised it).
+fn carries_facts(db: &DbError) -> bool {
+    db.file() == Some("pg_intent")
+        && matches!(
+            SqlStateOf::from_code(db.code().code()),
+            Some(
+                SqlStateOf::IdempotencyConflict
+                    | SqlStateOf::AttemptInFlight
+                    | SqlStateOf::OutcomeUnknown
+                    | SqlStateOf::JobFinished
+                    | SqlStateOf::AttemptsExhausted
+            )
+        )
+}
+
+/// The facts of an error: its facts line when pg_intent raised one, else what an extension
+/// older than the facts line (0.2.0 and before) said in the DETAIL's sentence.
+fn facts_of_error(db: &DbError) -> Facts {
+    let detail = db.detail().unwrap_or("");
+    if carries_facts(db)
+        && let Some(facts) = Facts::from_detail(detail)
+    {
+        return facts;
+    }
+    match SqlStateOf::from_code(db.code().code()) {
+        Some(SqlStateOf::IdempotencyConflict) => Facts {
+            fields: Some(older::differing_fields(detail)),
+            ..Facts::default()
+        },
+        Some(SqlStateOf::AttemptInFlight | SqlStateOf::OutcomeUnknown) => Facts {
+            attempt_id: older::first_uuid(detail).map(|u| *u.as_bytes()),
+            ..Facts::default()
+        },
+        Some(SqlStateOf::JobFinished) => Facts {
+            job_state: older::terminal_state(detail),
+            ..Facts::default()
+        },
+        _ => Facts::default(),
+    }
+}
+
+/// How facts were read from the DETAIL's sentence before the facts line: kept for servers with
+/// an extension older than the facts line, and used only when an error has no facts line.
+mod older {
+    use super::*;
+
+    /// The fields named after "different" in an IJ001 DETAIL (`Job … exists with a
+    /// different provider, params.`).
+    pub(super) fn differing_fields(detail: &str) -> Vec<FingerprintField> {
+        let Some(at) = detail.find("different") else {
+            return Vec::new();
+        };
+        let mut fields: Vec<FingerprintField> = detail[at..]
+            .split(|c: char| !c.is_ascii_alphabetic() && c != '_')
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        fields.dedup();
+        fields
+    }
+
+    /// The first UUID written in a text.
+    pub(super) fn first_uuid(text: &str) -> Option<Uuid> {
+        let bytes = text.as_bytes();
+        (0..bytes.len().saturating_sub(35)).find_map(|i| {
+            let window = text.get(i..i + 36)?;
+            let standalone = i == 0 || !bytes[i - 1].is_ascii_hexdigit();
+            if standalone {
+                Uuid::try_parse(window).ok()
+            } else {
+                None
+            }
+        })
+    }
+
+    /// The first terminal job state named in a text.
+    pub(super) fn terminal_state(text: &str) -> Option<JobState> {
+        text.split(|c: char| !c.is_ascii_alphabetic())
+            .filter_map(|w| w.parse::<JobState>().ok())
+            .find(|s| s.is_terminal())
+    }
 }
 
 impl Error {
@@ -184,7 +269,7 @@ impl Error {
         let Some(db) = source.as_db_error() else {
             return Error::Connection { source };
         };
-        let facts = facts_of(db.detail().unwrap_or(""));
+        let facts = facts_of_error(db);
         let attempt_id = facts.attempt_id.map(Uuid::from_bytes);
         let Some(code) = SqlStateOf::from_code(db.code().code()) else {
             return Error::Database { source };
@@ -253,15 +338,24 @@ impl Error {
         self.db_error().map(|db| db.code().code())
     }
 
-    /// The server's DETAIL, as a sentence for people (its facts line left out: see
-    /// [`Error::facts`]).
+    /// The server's DETAIL, as a sentence for people (the facts line of a pg_intent refusal
+    /// left out: see [`Error::facts`]).
     pub fn detail(&self) -> Option<&str> {
-        self.db_error().and_then(DbError::detail).map(Facts::prose)
+        let db = self.db_error()?;
+        let detail = db.detail()?;
+        Some(if carries_facts(db) {
+            Facts::prose(detail)
+        } else {
+            detail
+        })
     }
 
-    /// The facts the refusal carries (empty for an error that carries none).
+    /// The facts the refusal carries: from its facts line, or, from an extension older than
+    /// the facts line, as far as its DETAIL's sentence says them. Empty for other errors: a
+    /// facts line in the DETAIL of an error pg_intent did not raise itself (a contract
+    /// checker's, passed through) is not believed.
     pub fn facts(&self) -> Facts {
-        facts_of(self.db_error().and_then(DbError::detail).unwrap_or(""))
+        self.db_error().map(facts_of_error).unwrap_or_default()
     }
 
     /// The server's HINT: what to do next.
@@ -301,7 +395,7 @@ mod tests {
     fn reads_the_facts_of_a_detail() {
         let detail = "Job 62ccd04c-f6e5-82dd-aeee-a9dac8090000 exists with a different provider, params.\n\
                       Facts: job_id=62ccd04c-f6e5-82dd-aeee-a9dac8090000 fields=provider,params";
-        let facts = facts_of(detail);
+        let facts = Facts::from_detail(detail).unwrap_or_default();
         assert_eq!(
             facts.fields,
             Some(vec![FingerprintField::Provider, FingerprintField::Params])
@@ -310,6 +404,25 @@ mod tests {
             Facts::prose(detail),
             "Job 62ccd04c-f6e5-82dd-aeee-a9dac8090000 exists with a different provider, params."
         );
-        assert_eq!(facts_of("no facts here"), Facts::default());
+        assert_eq!(Facts::from_detail("no facts here"), None);
+    }
+
+    #[test]
+    fn reads_an_older_extensions_sentence() {
+        assert_eq!(
+            older::differing_fields(
+                "Job 62ccd04c-f6e5-82dd-aeee-a9dac8090000 exists with a different provider, params."
+            ),
+            vec![FingerprintField::Provider, FingerprintField::Params]
+        );
+        assert!(older::differing_fields("Two different keys derived the same job id.").is_empty());
+        assert_eq!(
+            older::first_uuid("Attempt 62ccd04c-f6e5-82dd-aeee-a9dac8090001 (no. 1) is started"),
+            Some(Uuid::parse_str("62ccd04c-f6e5-82dd-aeee-a9dac8090001").unwrap())
+        );
+        assert_eq!(
+            older::terminal_state("Job x is cancelled (version 2)."),
+            Some(JobState::Cancelled)
+        );
     }
 }

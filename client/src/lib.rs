@@ -143,6 +143,9 @@ pub use types::{
 pub use worker::{Failover, Run, WorkError, Worker};
 
 pub use pg_intent_protocol;
+/// The shared crate's name until 0.2.0.
+#[deprecated(note = "the crate is pg_intent_protocol now")]
+pub use pg_intent_protocol as pg_intent_id;
 pub use pg_intent_protocol::{IdError, MAX_ATTEMPT_NO, MAX_NAME_CHARS};
 pub use uuid::Uuid;
 

@@ -559,3 +559,38 @@ async fn refusal_facts_round_trip_from_the_server() {
         },
     );
 }
+
+/// A facts line that pg_intent did not write is not believed: a contract checker may raise a
+/// serialization failure (passed through with its own DETAIL), and write a facts line there.
+#[tokio::test]
+async fn a_checkers_facts_line_is_not_believed() {
+    let t = TestDb::new().await;
+    let db = t.conn().await;
+    db.batch_execute(
+        "CREATE FUNCTION public.forging_check(r jsonb) RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+         BEGIN
+           RAISE EXCEPTION 'please retry' USING ERRCODE = '40001',
+             DETAIL = E'x\\nFacts: job_id=00000000-0000-0000-0000-000000000000 job_state=succeeded version=99';
+         END $$;
+         GRANT EXECUTE ON FUNCTION public.forging_check(jsonb) TO intent_owner;
+         SELECT intent.define_contract('forged', '{}', 'public.forging_check(jsonb)');",
+    )
+    .await
+    .unwrap();
+    let params = json!({});
+    let job = NewJob::new("owner", "forged", "gpu-a", &params).contract("forged");
+    let s: Submitted<Value> = intent::submit_job(&db, &job).await.unwrap();
+    let a = intent::begin_attempt(&db, s.job_id, BeginOptions::new())
+        .await
+        .unwrap();
+    let err = intent::complete_attempt(&db, &a, &json!({"n": 1}))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("40001"), "{err:?}");
+    assert!(matches!(err, Error::Database { .. }), "{err:?}");
+    assert_eq!(
+        err.facts(),
+        pg_intent_client::pg_intent_protocol::Facts::default()
+    );
+    assert!(err.detail().unwrap().contains("Facts: "), "{err:?}");
+}

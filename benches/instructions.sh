@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Instructions per call, this build against another build of the extension, counted by
+# valgrind's callgrind in a single-user backend that starts each run from the same copy of one
+# database. Unlike throughput on a shared 2-core machine, the count does not depend on what
+# else runs: two runs of one build agree to a few instructions, so a difference of a fraction
+# of a per cent is real. It counts work, not time (cache misses and locks are not in it): use
+# it beside benches/run.py, not instead of it.
+#
+# Usage: bash benches/instructions.sh OLD_LIB NEW_LIB [PG_BIN]
+#   OLD_LIB, NEW_LIB: pg_intent.so files built for the same major with the same schema
+#   PG_BIN: a PostgreSQL bin directory whose lib/ holds the extension (default Debian's 15);
+#           the library file there is swapped for each run and put back at the end.
+set -euo pipefail
+OLD="$(realpath "$1")"
+NEW="$(realpath "$2")"
+PG_BIN="${3:-/usr/lib/postgresql/15/bin}"
+LIB="$("$PG_BIN/pg_config" --pkglibdir)/pg_intent.so"
+command -v valgrind >/dev/null || { echo "valgrind is needed" >&2; exit 1; }
+as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+
+WORK="$(mktemp -d /tmp/pg_intent_instructions.XXXXXX)"
+chmod 777 "$WORK"
+SAVED="$WORK/saved.so"
+cp "$LIB" "$SAVED"
+trap 'cp "$SAVED" "$LIB.ab" && mv "$LIB.ab" "$LIB"; rm -rf "$WORK"' EXIT
+
+single() { # single DATADIR DB < SQL: a single-user backend
+  as_pg "$PG_BIN/postgres" --single -D "$1" -c synchronous_commit=off "$2" >/dev/null 2>&1
+}
+as_pg "$PG_BIN/initdb" -D "$WORK/pristine" -U postgres --auth=trust >/dev/null
+echo "CREATE DATABASE bench;" | single "$WORK/pristine" postgres
+echo "CREATE EXTENSION pg_intent;" | single "$WORK/pristine" bench
+
+# count LIB SQL: the instructions of one single-user backend running SQL, from the pristine copy.
+count() {
+  cp "$1" "$LIB.ab" && mv "$LIB.ab" "$LIB"
+  rm -rf "$WORK/data" && cp -a "$WORK/pristine" "$WORK/data"
+  # Single-user mode ends a statement at each newline: one line per statement.
+  echo "${2//$'\n'/ }" | as_pg valgrind --tool=callgrind --callgrind-out-file="$WORK/out" \
+    "$PG_BIN/postgres" --single -D "$WORK/data" -c synchronous_commit=off bench >/dev/null 2>&1
+  awk '/^(summary|totals):/ { print $2; exit }' "$WORK/out"
+}
+
+N=300
+SUBMIT="DO \$\$ DECLARE j uuid; BEGIN FOR i IN 1..$N LOOP
+  SELECT job_id INTO j FROM intent.submit_job('o', 'k-' || i, 'gpu-a', '{\"prompt\": \"a cat\"}'); END LOOP; END \$\$;"
+LIFE="DO \$\$ DECLARE j uuid; a uuid; v bigint; BEGIN FOR i IN 1..$N LOOP
+  SELECT job_id INTO j FROM intent.submit_job('o', 'k-' || i, 'gpu-a', '{\"prompt\": \"a cat\"}');
+  SELECT attempt_id, version INTO a, v FROM intent.begin_attempt(j);
+  PERFORM intent.complete_attempt(a, v, '{\"image\": \"x\"}'); END LOOP; END \$\$;"
+REPLAY="DO \$\$ DECLARE j uuid; BEGIN FOR i IN 1..$N LOOP
+  SELECT job_id INTO j FROM intent.submit_job('o', 'k-1', 'gpu-a', '{\"prompt\": \"a cat\"}'); END LOOP; END \$\$;"
+BATCH="DO \$\$ BEGIN FOR i IN 1..$((N / 100)) LOOP
+  PERFORM count(*) FROM intent.submit_jobs(array_fill('o'::text, ARRAY[100]),
+    ARRAY(SELECT 'b-' || i || '-' || g FROM generate_series(1, 100) g), array_fill('gpu-a'::text, ARRAY[100]),
+    array_fill('{}'::jsonb, ARRAY[100])); END LOOP; END \$\$;"
+
+printf '%-34s %14s %14s %10s\n' "per call" "old" "new" "new÷old"
+declare -A base
+for side in old new; do
+  lib="$OLD"; [ "$side" = new ] && lib="$NEW"
+  base[$side]="$(count "$lib" "SELECT 1;")"
+done
+row() { # row LABEL SQL DIVISOR [SUBTRACT_LABEL]
+  local o n
+  o=$(( ($(count "$OLD" "$2") - base[old]) ))
+  n=$(( ($(count "$NEW" "$2") - base[new]) ))
+  echo "$1 $o $n $3"
+}
+{
+  row "submit_job, a new key" "$SUBMIT" "$N"
+  row "submit_job, a replay" "$REPLAY" "$N"
+  row "submit, begin, complete" "$LIFE" "$N"
+  row "submit_jobs, 100 new keys" "$BATCH" "$((N / 100))"
+} | while read -r a b c d e f g h; do
+  # label words, then old new divisor
+  set -- $a $b $c $d $e $f $g $h
+  args=("$@"); k=${#args[@]}
+  div=${args[k-1]}; new=${args[k-2]}; old=${args[k-3]}
+  label="${args[*]:0:k-3}"
+  awk -v l="$label" -v o="$old" -v n="$new" -v d="$div" \
+    'BEGIN { printf "%-34s %14.0f %14.0f %10.4f\n", l, o / d, n / d, n / o }'
+done
