@@ -11,12 +11,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use db::TestDb;
-use pg_intent_cluster::eventually;
 use pg_intent_client::runner::{Event, Finish, Summary};
 use pg_intent_client::{
     self as intent, AttemptState, ClaimOptions, ClaimedAttempt, JobState, NewJob, Runner,
     Submitted, Uuid, WorkError,
 };
+use pg_intent_cluster::eventually;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 

@@ -463,7 +463,10 @@ impl Kind {
                     ((30 * day + 1, 0, 0), "30 days and a microsecond"),
                     ((i64::MAX, i32::MAX, i32::MAX), "enormous"),
                 ]);
-                (interval(micros, days, months), format!("retry_after {what}"))
+                (
+                    interval(micros, days, months),
+                    format!("retry_after {what}"),
+                )
             }
             Providers => {
                 let (list, what): (Vec<Option<String>>, &str) = match rng.below(4) {
