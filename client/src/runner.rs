@@ -220,6 +220,8 @@ type EventHook = Arc<dyn Fn(Event) + Send + Sync>;
 ///     .lease(Duration::from_secs(30))
 ///     .grace(Duration::from_secs(20))
 ///     .name("gpu-box-7");
+/// // Any future ends the run: a signal (tokio::signal::ctrl_c), a channel, a timer.
+/// let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
 /// let summary = runner
 ///     .run(
 ///         |claimed: ClaimedAttempt| async move {
@@ -228,7 +230,7 @@ type EventHook = Arc<dyn Fn(Event) + Send + Sync>;
 ///             Ok::<_, WorkError<String>>(serde_json::json!({"url": "s3://bucket/fox.png"}))
 ///         },
 ///         async {
-///             let _ = tokio::signal::ctrl_c().await;
+///             let _ = stopped.await;
 ///         },
 ///     )
 ///     .await;
