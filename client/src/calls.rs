@@ -216,25 +216,40 @@ pub async fn claim_attempts(
         )
         .await
         .map_err(|e| Error::from_pg(e, cx))?;
-    rows.iter()
-        .map(|row| {
-            let attempt_no: i32 = get(row, 2)?;
-            let provider: String = get(row, 5)?;
-            Ok(ClaimedAttempt {
-                attempt: Attempt {
-                    id: get(row, 1)?,
-                    attempt_no: u16::try_from(attempt_no).unwrap_or(0),
-                    version: get(row, 3)?,
-                    deadline: get(row, 4)?,
-                    lease: options.lease,
-                    provider: Some(provider.clone()),
-                },
+    // The claim is committed with the caller's transaction whatever happens here: one row this
+    // client cannot read must not cost the others their attempts. A row whose params do not
+    // decode (e.g. nested deeper than serde_json's limit) is reported as a definite, retryable
+    // failure at once: no provider was called, so nothing happened, and after max_attempts the
+    // job fails instead of coming back forever.
+    let mut claimed = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let attempt_no: i32 = get(row, 2)?;
+        let provider: String = get(row, 5)?;
+        let attempt = Attempt {
+            id: get(row, 1)?,
+            attempt_no: u16::try_from(attempt_no).unwrap_or(0),
+            version: get(row, 3)?,
+            deadline: get(row, 4)?,
+            lease: options.lease,
+            provider: Some(provider.clone()),
+        };
+        match decode_value(row, 6) {
+            Ok(params) => claimed.push(ClaimedAttempt {
+                attempt,
                 provider,
-                params: decode_value(row, 6)?.unwrap_or_default(),
+                params: params.unwrap_or_default(),
                 contract: get(row, 7)?,
-            })
-        })
-        .collect()
+            }),
+            Err(e) => {
+                let error = serde_json::json!({
+                    "kind": "undecodable_params",
+                    "message": e.to_string(),
+                });
+                fail_attempt(db, &attempt, &error, true).await?;
+            }
+        }
+    }
+    Ok(claimed)
 }
 
 /// How long until the earliest retry time still ahead among the claimable jobs of `providers`

@@ -125,6 +125,9 @@ async fn sixteen_workers_run_ten_thousand_jobs_each_attempt_begun_once() {
     const RUNNERS: usize = 8;
     let t = TestDb::new().await;
     let db = t.conn().await;
+    // NOTIFY is off by default (its commit lock costs concurrent submitters): on for the
+    // submitting session of these tests, which measure what it wakes.
+    db.batch_execute("SET intent.notify = on").await.unwrap();
     let events = Events::default();
     let seen: Arc<Mutex<HashMap<Uuid, Vec<u16>>>> = Arc::default();
     let b_now = Arc::new(AtomicUsize::new(0));
@@ -275,6 +278,7 @@ async fn sixteen_workers_run_ten_thousand_jobs_each_attempt_begun_once() {
 async fn a_killed_worker_leaves_its_attempt_to_lapse_and_the_job_gated() {
     let t = TestDb::new().await;
     let probe = t.conn().await;
+    probe.batch_execute("SET intent.notify = on").await.unwrap();
     let events = Events::default();
     let lease = Duration::from_secs(1);
 
@@ -387,6 +391,7 @@ async fn fail_then_succeed(
     check_gate: bool,
 ) -> Duration {
     let probe = t.conn().await;
+    probe.batch_execute("SET intent.notify = on").await.unwrap();
     let events = Events::default();
     let runner = runner.on_event(events.hook());
     let (stop, until) = signal();
@@ -501,6 +506,9 @@ async fn the_default_backoff_is_waited_for_and_found_by_the_retry_time() {
 async fn notify_wakes_an_idle_runner_and_without_it_only_the_poll_would() {
     let t = TestDb::new().await;
     let db = t.conn().await;
+    // NOTIFY is off by default (its commit lock costs concurrent submitters): on for the
+    // submitting session of these tests, which measure what it wakes.
+    db.batch_execute("SET intent.notify = on").await.unwrap();
     let events = Events::default();
     let runner = Runner::new(pool(&t, 2), Duration::from_secs(60))
         .listen(t.conn_str().parse().unwrap())
@@ -553,6 +561,9 @@ async fn notify_wakes_an_idle_runner_and_without_it_only_the_poll_would() {
 async fn without_listen_the_poll_finds_the_work() {
     let t = TestDb::new().await;
     let db = t.conn().await;
+    // NOTIFY is off by default (its commit lock costs concurrent submitters): on for the
+    // submitting session of these tests, which measure what it wakes.
+    db.batch_execute("SET intent.notify = on").await.unwrap();
     let events = Events::default();
     let runner = Runner::new(pool(&t, 2), Duration::from_secs(60))
         .poll_every(Duration::from_millis(300))
@@ -588,6 +599,9 @@ async fn without_listen_the_poll_finds_the_work() {
 async fn shutdown_lets_running_attempts_finish_and_marks_the_rest_unknown() {
     let t = TestDb::new().await;
     let db = t.conn().await;
+    // NOTIFY is off by default (its commit lock costs concurrent submitters): on for the
+    // submitting session of these tests, which measure what it wakes.
+    db.batch_execute("SET intent.notify = on").await.unwrap();
     let events = Events::default();
     let grace = Duration::from_millis(1500);
     let runner = Runner::new(pool(&t, 5), Duration::from_secs(60))

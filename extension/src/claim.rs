@@ -27,10 +27,48 @@ static RETRY_BACKOFF: GucSetting<Option<CString>> =
 static RETRY_BACKOFF_MAX: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"5 minutes"));
 /// `intent.notify`: whether a job that becomes claimable at once sends `NOTIFY intent_claimable`.
-static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(true);
+/// Off by default: NOTIFY serializes committing transactions on a cluster-wide lock (submit
+/// throughput at 8 clients fell to 0.27–0.45 of itself, docs/benchmarks.md), a transaction that
+/// notified cannot `PREPARE TRANSACTION`, and every role may LISTEN on the channel.
+static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(false);
 
 /// The channel idle workers `LISTEN` on.
 pub const CHANNEL: &str = "intent_claimable";
+
+/// The default backoff's settings, checked as `retry_after` is (0 to 30 days, no month part, no
+/// negative part), in seconds: `(first delay, longest delay)`. A malformed value is PostgreSQL's
+/// own interval error (22007); one out of bounds is refused with 22023.
+pub fn backoff_settings() -> Answer<(f64, f64)> {
+    let read = |name: &str, setting: &GucSetting<Option<CString>>, default: &std::ffi::CStr| {
+        let text = setting.get().unwrap_or_else(|| default.to_owned());
+        // SAFETY: interval_in(cstring, oid, int4), as PostgreSQL's own input calls it.
+        let value = unsafe {
+            pgrx::direct_function_call::<Interval>(
+                pg_sys::interval_in,
+                &[
+                    pg_sys::Datum::from(text.as_ptr()).into(),
+                    pg_sys::InvalidOid.into_datum(),
+                    (-1i32).into_datum(),
+                ],
+            )
+        }
+        .expect("interval_in returns a value");
+        match crate::input::retry_after(Some(value)) {
+            Ok(_) => Ok(value.days() as f64 * 86_400.0 + value.micros() as f64 / 1e6),
+            Err(_) => Err(
+                Refusal::bad_input(format!("{name} must be between 0 and 30 days"))
+                    .detail(format!("{name} is {value}."))
+                    .hint(format!(
+                        "RESET {name}, or set it to an interval of at most 30 days."
+                    )),
+            ),
+        }
+    };
+    Ok((
+        read("intent.retry_backoff", &RETRY_BACKOFF, c"1 second")?,
+        read("intent.retry_backoff_max", &RETRY_BACKOFF_MAX, c"5 minutes")?,
+    ))
+}
 
 /// Registers the worker settings; called from `_PG_init`.
 pub fn register() {
@@ -53,7 +91,7 @@ pub fn register() {
     GucRegistry::define_bool_guc(
         c"intent.notify",
         c"Whether pg_intent sends NOTIFY intent_claimable when a job becomes claimable at once.",
-        c"The payload is the job's provider; it is delivered at commit. Off: workers poll.",
+        c"The payload is the job's provider; it is delivered at commit. Off (the default): workers poll.",
         &NOTIFY,
         GucContext::Userset,
         GucFlags::default(),

@@ -110,15 +110,16 @@ static FAIL_JOB: Statement = Statement {
 /// is claimable at once.
 static REOPEN_JOB: Statement = Statement {
     name: Name::ReopenJob,
+    // $3 and $4: the settings in seconds, each checked to at most 30 days, so the product is at
+    // most 30 days × 2^30 seconds, which a double holds exactly enough, and the delay at most
+    // 30 days, which an interval holds.
     sql: "UPDATE intent.jobs j SET state = 'pending', updated_at = statement_timestamp(),
-                 retry_at = statement_timestamp() + coalesce($2, least(
-                     current_setting('intent.retry_backoff')::interval
-                       * power(2, least(30, greatest(0, (SELECT count(*) FROM intent.attempts a
-                                                          WHERE a.job_id = j.id AND a.state = 'failed') - 1))),
-                     current_setting('intent.retry_backoff_max')::interval))
+                 retry_at = statement_timestamp() + coalesce($2, make_interval(secs => least($4,
+                     $3 * power(2, least(30, greatest(0, (SELECT count(*) FROM intent.attempts a
+                                                           WHERE a.job_id = j.id AND a.state = 'failed') - 1))))))
            WHERE j.id = $1 AND j.state IN ('running', 'unknown')
           RETURNING j.retry_at <= statement_timestamp()",
-    args: &[pg_sys::UUIDOID, pg_sys::INTERVALOID],
+    args: &[pg_sys::UUIDOID, pg_sys::INTERVALOID, pg_sys::FLOAT8OID, pg_sys::FLOAT8OID],
 };
 
 /// [`REOPEN_JOB`] on the catalog of 0.2.0 (no `retry_at`: claimable at once).
@@ -207,7 +208,7 @@ fn complete(
         if let Some(name) = &job.contract
             && let Some(Err(violation)) = contract::validate(client, name, result)
         {
-            reject(client, &job, &attempt, name, &violation, result);
+            reject(client, &job, &attempt, name, &violation, result)?;
             return Ok(Completion::Rejected);
         }
         let row = plans::first(plans::run(
@@ -286,7 +287,7 @@ fn fail(
             log_late_failure(client, &job, &attempt, error);
             return Ok(job.state);
         }
-        Ok(settle_failure(
+        settle_failure(
             client,
             &job,
             &attempt,
@@ -296,7 +297,7 @@ fn fail(
                 retryable,
                 after: retry_after,
             },
-        ))
+        )
     })
 }
 
@@ -309,7 +310,7 @@ fn reject(
     contract: &str,
     violation: &Violation,
     result: Jsonb,
-) {
+) -> Answer<()> {
     let error = violation.to_error(contract).to_string();
     let logged = plans::first(plans::run(
         client,
@@ -329,13 +330,13 @@ fn reject(
             &FAIL_ATTEMPT,
             &[attempt.id.into(), error.into(), result.into()],
         );
-        return;
+        return Ok(());
     }
     let retry = Retry {
         retryable: true,
         after: None,
     };
-    settle_failure(client, job, attempt, error, Some(result), retry);
+    settle_failure(client, job, attempt, error, Some(result), retry).map(|_| ())
 }
 
 /// Whether a failure may be retried, and after how long (None: the default backoff).
@@ -354,7 +355,7 @@ fn settle_failure(
     error: Jsonb,
     result: Option<Jsonb>,
     retry: Retry,
-) -> JobState {
+) -> Answer<JobState> {
     let was_open = attempt.state.is_open();
     plans::run(
         client,
@@ -375,23 +376,38 @@ fn settle_failure(
                 attempt.version_read.into(),
             ],
         ));
-        return match row {
+        return Ok(match row {
             Some(row) => crate::state::read(&row, 1),
             None => effective_state(client, job),
-        };
+        });
     }
     if !other_open {
         let reopened = plans::first(if crate::state::catalog_has_retry_at() {
-            plans::run(client, &REOPEN_JOB, &[job.id.into(), retry.after.into()])
+            // Read only when no retry_after was given: a bad setting fails only the calls
+            // that need it.
+            let (first, longest) = match retry.after {
+                Some(_) => (0.0, 0.0),
+                None => crate::claim::backoff_settings()?,
+            };
+            plans::run(
+                client,
+                &REOPEN_JOB,
+                &[
+                    job.id.into(),
+                    retry.after.into(),
+                    first.into(),
+                    longest.into(),
+                ],
+            )
         } else {
             plans::run(client, &REOPEN_JOB_0_2, &[job.id.into()])
         });
         if reopened.is_some_and(|row| plans::must::<bool>(&row, 1)) {
             crate::claim::notify_claimable(&job.provider);
         }
-        return JobState::Pending;
+        return Ok(JobState::Pending);
     }
-    effective_state(client, job)
+    Ok(effective_state(client, job))
 }
 
 fn log_late_failure(

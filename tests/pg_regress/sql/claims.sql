@@ -90,6 +90,15 @@ SELECT retry_at - updated_at AS delay FROM intent.jobs WHERE id = intent.job_id(
 SET intent.retry_backoff = 'soon';
 SELECT attempt_no FROM intent.begin_attempt(intent.job_id('carol', 'backoff'), NULL, '1 hour');
 SELECT field, value FROM t.error_of($$SELECT intent.fail_attempt(intent.attempt_id(intent.job_id('carol', 'backoff'), 4), 1, '{}')$$) WHERE field = 'SQLSTATE';
+-- Out of retry_after's bounds (negative, a month, over 30 days): 22023, nothing written, so
+-- that no session can put its jobs ahead of everyone's (a retry time in the past) or overflow.
+SET intent.retry_backoff = '-1 hour';
+SELECT field, value FROM t.error_of($$SELECT intent.fail_attempt(intent.attempt_id(intent.job_id('carol', 'backoff'), 4), 1, '{}')$$) WHERE field IN ('SQLSTATE', 'MESSAGE');
+SET intent.retry_backoff = '1 second';
+SET intent.retry_backoff_max = '1 mon';
+SELECT field, value FROM t.error_of($$SELECT intent.fail_attempt(intent.attempt_id(intent.job_id('carol', 'backoff'), 4), 1, '{}')$$) WHERE field IN ('SQLSTATE', 'MESSAGE');
+-- Nothing was written: the job is still running.
+SELECT state FROM intent.jobs WHERE id = intent.job_id('carol', 'backoff');
 RESET intent.retry_backoff;
 RESET intent.retry_backoff_max;
 
