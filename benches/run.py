@@ -547,8 +547,7 @@ def workers(args):
             bn, bo = sum(base["raw_insert_notify.sql"][0]), sum(base["raw_insert_new.sql"][0])
             text = (f"for context, a raw INSERT … ON CONFLICT with pg_notify in its transaction ÷ without, "
                     f"synchronous_commit on: {bn / rounds:.0f} ÷ {bo / rounds:.0f}/s = {bn / bo:.3f}")
-            out("  " + text, "\n- " + text.replace("for context, a", "For context, a") + ": the cost is "
-                "PostgreSQL's NOTIFY.")
+            out("  " + text, "\n- " + text.replace("for context, a", "For context, a") + ".")
         finally:
             listener.terminate()
             listener.wait()
@@ -581,6 +580,7 @@ def workers(args):
         small = small1 + small2
         r50, r99 = pct(lat_big, 50) / pct(small, 50), pct(lat_big, 99) / pct(small, 99)
         ok = "OK" if r99 <= 1.3 else "MISSED"
+        md.append("")
         out(f"\nclaim latency (claim_attempts of 1 job, {clients} claimers, a queue of "
             f"{clients * per_client + 5000:,} pending jobs; {big:,} finished jobs loaded in {load_s:.0f}s):")
         text = (f"{big:,} finished jobs: p50/p99 {pct(lat_big, 50):.2f}/{pct(lat_big, 99):.2f} ms; 10,000: "
@@ -590,15 +590,13 @@ def workers(args):
         out("  " + text, f"- Claim latency with {big:,} finished jobs: p50 / p99 {pct(lat_big, 50):.2f} / "
             f"{pct(lat_big, 99):.2f} ms; with 10,000: {pct(small, 50):.2f} / {pct(small, 99):.2f} ms; ratio p50 "
             f"{r50:.2f}, p99 **{r99:.2f}** (target ≤ 1.30).")
-
         if pickup is not None:
-            md.insert(0, "")
-            md.insert(0, f"- Pickup latency, submit commit → claim, {pickup['jobs']} jobs one at a time: "
-                         f"LISTEN + claim on NOTIFY p50 / p99 **{pickup['notify']['p50']:.2f} / "
-                         f"{pickup['notify']['p99']:.2f} ms**; polling every {pickup['poll_ms']} ms "
-                         f"{pickup['poll']['p50']:.1f} / {pickup['poll']['p99']:.1f} ms (server timestamps: "
-                         f"{pickup['notify']['server_p50']:.2f} / {pickup['notify']['server_p99']:.2f} and "
-                         f"{pickup['poll']['server_p50']:.1f} / {pickup['poll']['server_p99']:.1f} ms).")
+            md.append(f"- Pickup latency, submit commit → claim, {pickup['jobs']} jobs one at a time: "
+                      f"LISTEN + claim on NOTIFY p50 / p99 **{pickup['notify']['p50']:.2f} / "
+                      f"{pickup['notify']['p99']:.2f} ms**; polling every {pickup['poll_ms']} ms "
+                      f"{pickup['poll']['p50']:.1f} / {pickup['poll']['p99']:.1f} ms (server timestamps: "
+                      f"{pickup['notify']['server_p50']:.2f} / {pickup['notify']['server_p99']:.2f} and "
+                      f"{pickup['poll']['server_p50']:.1f} / {pickup['poll']['server_p99']:.1f} ms).")
         md.append("")
         md.append(f"Settings: {rounds} alternating rounds of {seconds} s per side, pgbench -M prepared, "
                   f"synchronous_commit on unless said, {os.cpu_count()} CPUs.")
