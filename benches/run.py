@@ -580,7 +580,6 @@ def workers(args):
         small = small1 + small2
         r50, r99 = pct(lat_big, 50) / pct(small, 50), pct(lat_big, 99) / pct(small, 99)
         ok = "OK" if r99 <= 1.3 else "MISSED"
-        md.append("")
         out(f"\nclaim latency (claim_attempts of 1 job, {clients} claimers, a queue of "
             f"{clients * per_client + 5000:,} pending jobs; {big:,} finished jobs loaded in {load_s:.0f}s):")
         text = (f"{big:,} finished jobs: p50/p99 {pct(lat_big, 50):.2f}/{pct(lat_big, 99):.2f} ms; 10,000: "
