@@ -13,6 +13,11 @@ Usage: python3 benches/run.py [--quick] [--seconds N] [--clients N] [--markdown 
            the calls of this build against another build of the extension (OLD_LIB, a
            pg_intent.so with the same schema): the library file is swapped between runs, every
            pgbench run opens new connections, so each side runs in backends that loaded it
+       python3 benches/run.py --workers [--quick] [--seconds N] [--rounds N] [--markdown FILE]
+           the worker side: claim + complete throughput with 1, 4 and 16 workers, the cost of
+           intent.notify on submit throughput at 8 clients, claim latency at 10k and at 5M
+           finished jobs, and pickup latency with NOTIFY and with polling (the Rust bench
+           client/benches/pickup.rs, built and run with cargo on this run's cluster)
        python3 benches/run.py --majors "15:BIN 16:BIN ..." [--markdown FILE]
            the submit and lifecycle pairs on each major, one after the other in one run, each
            against its baselines on the same server, and each major's throughput against the
@@ -73,8 +78,9 @@ class Cluster:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def pgbench(cluster, script, clients, seconds=None, transactions=None, sync=True, variables=None):
-    """Runs one pgbench script; returns (tps, latencies in ms, failed transactions)."""
+def pgbench(cluster, script, clients, seconds=None, transactions=None, sync=True, variables=None, options=""):
+    """Runs one pgbench script; returns (tps, latencies in ms, failed transactions). `options`:
+    more `-c name=value` settings for its sessions."""
     logdir = Path(tempfile.mkdtemp(prefix="pgbench."))
     cmd = [str(cluster.bin / "pgbench"), "-n", "-M", "prepared", "-c", str(clients),
            "-j", str(min(clients, 2)), "-f", str(PGBENCH_DIR / script),
@@ -82,7 +88,8 @@ def pgbench(cluster, script, clients, seconds=None, transactions=None, sync=True
     cmd += ["-T", str(seconds)] if seconds else ["-t", str(transactions)]
     for k, v in (variables or {}).items():
         cmd += ["-D", f"{k}={v}"]
-    env = dict(cluster.env, PGOPTIONS=f"-c synchronous_commit={'on' if sync else 'off'}", PGDATABASE="bench")
+    env = dict(cluster.env, PGOPTIONS=f"-c synchronous_commit={'on' if sync else 'off'} {options}".strip(),
+               PGDATABASE="bench")
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"pgbench {script} failed:\n{out.stdout}\n{out.stderr}")
@@ -156,7 +163,10 @@ def main():
     ap.add_argument("--markdown", type=Path, default=None, help="also write the results as Markdown")
     ap.add_argument("--majors", default=None, help="MAJOR:BIN pairs: the per-major comparison")
     ap.add_argument("--ab", type=Path, default=None, help="OLD_LIB: this build's calls against another build's")
+    ap.add_argument("--workers", action="store_true", help="the worker benchmarks: claims, NOTIFY, pickup")
     args = ap.parse_args()
+    if args.workers:
+        return workers(args)
     if args.majors:
         return majors(args)
     if args.ab:
@@ -369,6 +379,230 @@ def majors(args):
     print("\n".join(lines))
     if args.markdown:
         args.markdown.write_text("\n".join(lines) + "\n")
+
+
+def load_pending(cluster, n, prefix):
+    """Adds n claimable jobs of gpu-a, as fast as PostgreSQL can write them: the rows submit_job
+    inserts (pending, version 1, no attempt yet), without its event or NOTIFY."""
+    step = 200_000
+    done = 0
+    while done < n:
+        m = min(step, n - done)
+        cluster.psql(f"""
+            INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, created_at, updated_at)
+            SELECT intent.job_id('queue-' || (g % 100), '{prefix}-' || g), 'queue-' || (g % 100), '{prefix}-' || g,
+                   'gpu-a', '{{"prompt": "a cat in a hat", "size": 512}}', now(), now()
+              FROM generate_series({done + 1}, {done + m}) g""")
+        done += m
+
+
+def build_pickup():
+    """Builds client/benches/pickup.rs; the command that runs it, or None without cargo."""
+    cargo = shutil.which("cargo")
+    if not cargo:
+        return None
+    cmd = [cargo, "bench", "-q", "-p", "pg_intent_client", "--bench", "pickup"]
+    out = subprocess.run(cmd + ["--no-run"], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"building client/benches/pickup.rs failed:\n{out.stderr}")
+    return cmd
+
+
+def run_pickup(cluster, cmd, jobs, poll_ms):
+    """Runs the pickup bench on the cluster's bench database; its figures (PICKUP_JSON)."""
+    import json
+    env = dict(os.environ, PICKUP_DB=f"host={cluster.dir} port={cluster.port} user=postgres dbname=bench",
+               PICKUP_JOBS=str(jobs), PICKUP_POLL_MS=str(poll_ms))
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"client/benches/pickup.rs failed:\n{out.stdout}\n{out.stderr}")
+    line = next(l for l in out.stdout.splitlines() if l.startswith("PICKUP_JSON "))
+    return json.loads(line.split(" ", 1)[1])
+
+
+def workers(args):
+    """The worker side, on one cluster: claim + complete throughput by worker count, the cost of
+    NOTIFY on submit throughput, claim latency by the number of finished jobs, pickup latency."""
+    quick = args.quick
+    seconds = args.seconds or (5 if quick else 10)
+    rounds = args.rounds or (2 if quick else 3)
+    big = 1_000_000 if quick else 5_000_000
+    pickup_cmd = build_pickup()
+    md = []  # Markdown lines
+
+    def out(line="", markdown=None):
+        print(line, flush=True)
+        if markdown is not None:
+            md.append(markdown)
+
+    cluster = Cluster(SETTINGS)
+    try:
+        cluster.psql("CREATE DATABASE bench", db="postgres")
+        cluster.psql("CREATE EXTENSION pg_intent")
+        cluster.psql(None, file=ROOT / "benches" / "sql" / "baselines.sql")
+        out(f"pg_intent worker benchmarks: {rounds} alternating rounds of {seconds}s per side, "
+            f"pgbench -M prepared, synchronous_commit on unless said, {os.cpu_count()} CPUs")
+
+        # 1. Pickup latency (first, on a small database: it measures the wake-up, not the tables).
+        if pickup_cmd is None:
+            out("\npickup latency: skipped (no cargo to build client/benches/pickup.rs)")
+            pickup = None
+        else:
+            pickup = run_pickup(cluster, pickup_cmd, 100 if quick else 300, 100)
+            out(f"\npickup latency, submit commit → claim ({pickup['jobs']} jobs one at a time; "
+                f"client clock; server: attempts.started_at − jobs.created_at), ms:")
+            out(f"  {'claimer':<30} {'p50':>7} {'p99':>7} {'max':>7} {'srv p50':>8} {'srv p99':>8}")
+            for key, name in (("notify", "LISTEN + claim on NOTIFY"), ("poll", f"polling every {pickup['poll_ms']} ms")):
+                f = pickup[key]
+                out(f"  {name:<30} {f['p50']:7.2f} {f['p99']:7.2f} {f['max']:7.2f} {f['server_p50']:8.2f} "
+                    f"{f['server_p99']:8.2f}")
+
+        # 2. Claim + complete throughput by worker count, each run on a queue topped up alike.
+        need = [max(20_000, 3000 * seconds)]
+        refills = [0]
+
+        def fill_queue():
+            have = int(cluster.psql("SELECT count(*) FROM intent.jobs WHERE state = 'pending'"))
+            if have < need[0]:
+                load_pending(cluster, need[0] - have, f"q{refills[0]}")
+                refills[0] += 1
+            cluster.psql("VACUUM ANALYZE intent.jobs, intent.attempts")
+
+        def run(script, clients):
+            fill_queue()
+            tps, lat, failed = pgbench(cluster, script, clients, seconds=seconds)
+            if failed:
+                sys.exit(f"{script}: {failed} failed transactions")
+            need[0] = max(need[0], int(2 * tps * seconds))
+            return tps, lat
+
+        counts = [1, 4, 16]
+        res = {c: ([], []) for c in counts}
+        for r in range(rounds):
+            for c in (counts if r % 2 == 0 else counts[::-1]):
+                tps, lat = run("claim_complete.sql", c)
+                res[c][0].append(tps)
+                res[c][1].extend(lat)
+        out("\nclaim + complete throughput (claim_attempts of 1 job, commit, complete_attempt, commit):",
+            "| workers | jobs/s | p50 / p99 ms | ÷ 1 worker |\n|---:|---:|---:|---:|")
+        out(f"  {'workers':>7} {'jobs/s':>8} {'p50/p99 ms':>16} {'÷ 1 worker':>11}")
+        one = sum(res[1][0])
+        for c in counts:
+            t = sum(res[c][0])
+            out(f"  {c:>7} {t / rounds:>8.0f} {pct(res[c][1], 50):>7.2f}/{pct(res[c][1], 99):<8.2f} {t / one:>11.2f}",
+                f"| {c} | {t / rounds:.0f} | {pct(res[c][1], 50):.2f} / {pct(res[c][1], 99):.2f} | {t / one:.2f} |")
+
+        pair = {"claim_complete.sql": ([], []), "claim_complete_by_hand.sql": ([], [])}
+        order = list(pair)
+        for r in range(rounds):
+            for script in (order if r % 2 == 0 else order[::-1]):
+                tps, lat = run(script, 4)
+                pair[script][0].append(tps)
+                pair[script][1].extend(lat)
+        o, h = (sum(pair[s][0]) for s in order)
+        (ol, hl) = (pair[s][1] for s in order)
+        text = (f"claim_attempts ÷ a hand-written SELECT … FOR NO KEY UPDATE SKIP LOCKED LIMIT 1 + begin_attempt, "
+                f"then complete, 4 workers: {o / rounds:.0f} ÷ {h / rounds:.0f} jobs/s = {o / h:.2f} "
+                f"(p50/p99 {pct(ol, 50):.2f}/{pct(ol, 99):.2f} ms vs {pct(hl, 50):.2f}/{pct(hl, 99):.2f} ms)")
+        out("  " + text, "\n- " + text.replace(f"= {o / h:.2f}", f"= **{o / h:.2f}**") + ".")
+
+        # 3. The cost of NOTIFY on submit throughput at 8 clients, with one idle worker listening
+        # (as in a deployment: a listener makes every notifying commit signal its backend).
+        check = subprocess.run([str(cluster.bin / "psql"), "-X", "-At", "-d", "bench", "-c", "SHOW intent.notify"],
+                               env=dict(cluster.env, PGOPTIONS="-c intent.notify=off"), capture_output=True, text=True)
+        if check.stdout.strip() != "off":
+            sys.exit(f"PGOPTIONS -c intent.notify=off did not take: {check.stdout} {check.stderr}")
+        listener = subprocess.Popen([str(cluster.bin / "psql"), "-X", "-q", "-d", "bench"], stdin=subprocess.PIPE,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=cluster.env, text=True)
+        listener.stdin.write("LISTEN intent_claimable;\nSELECT 1 \\watch 0.05\n")
+        listener.stdin.flush()
+        time.sleep(1)
+        if listener.poll() is not None:
+            sys.exit("the listening psql ended")
+        notify = {}
+        try:
+            out("\nsubmit throughput at 8 clients (submit_new.sql), intent.notify on ÷ off, one idle listener:",
+                "\n| synchronous_commit | notify on: submits/s | notify off: submits/s | on p50 / p99 ms | off p50 / p99 ms | on ÷ off |\n|---|---:|---:|---:|---:|---:|")
+            for sync in (True, False):
+                r_ = {"on": ([], []), "off": ([], [])}
+                for r in range(rounds):
+                    for side in (("on", "off") if r % 2 == 0 else ("off", "on")):
+                        tps, lat, failed = pgbench(cluster, "submit_new.sql", 8, seconds=seconds, sync=sync,
+                                                   options=f"-c intent.notify={side}")
+                        if failed:
+                            sys.exit(f"submit_new.sql: {failed} failed transactions")
+                        r_[side][0].append(tps)
+                        r_[side][1].extend(lat)
+                on, off = sum(r_["on"][0]), sum(r_["off"][0])
+                notify["on" if sync else "off"] = on / off
+                s_ = "on" if sync else "off"
+                out(f"  synchronous_commit {s_:<3}: on {on / rounds:7.0f}/s  off {off / rounds:7.0f}/s  "
+                    f"p50/p99 on {pct(r_['on'][1], 50):.2f}/{pct(r_['on'][1], 99):.2f} ms, "
+                    f"off {pct(r_['off'][1], 50):.2f}/{pct(r_['off'][1], 99):.2f} ms  on ÷ off {on / off:.3f}",
+                    f"| {s_} | {on / rounds:.0f} | {off / rounds:.0f} | {pct(r_['on'][1], 50):.2f} / "
+                    f"{pct(r_['on'][1], 99):.2f} | {pct(r_['off'][1], 50):.2f} / {pct(r_['off'][1], 99):.2f} | "
+                    f"{on / off:.3f} |")
+            # The same cost without pg_intent: a raw INSERT with and without a pg_notify of its own.
+            base = compare(cluster, "raw_insert_notify.sql", "raw_insert_new.sql", 8, seconds, rounds, True)
+            bn, bo = sum(base["raw_insert_notify.sql"][0]), sum(base["raw_insert_new.sql"][0])
+            text = (f"for context, a raw INSERT … ON CONFLICT with pg_notify in its transaction ÷ without, "
+                    f"synchronous_commit on: {bn / rounds:.0f} ÷ {bo / rounds:.0f}/s = {bn / bo:.3f}")
+            out("  " + text, "\n- " + text.replace("for context, a", "For context, a") + ".")
+        finally:
+            listener.terminate()
+            listener.wait()
+
+        # 4. Claim latency with few finished jobs and with `big`: small, big, small again (the
+        # small side is the mean of both, so a steady drift of the machine cancels out).
+        per_client, clients = (1500, 4) if quick else (3000, 4)
+
+        def claim_latency(label):
+            load_pending(cluster, clients * per_client + 5000, f"lat-{label}")
+            cluster.psql("VACUUM ANALYZE intent.jobs, intent.attempts")
+            _, lat, failed = pgbench(cluster, "claim_only.sql", clients, transactions=per_client)
+            if failed:
+                sys.exit(f"claim_only.sql: {failed} failed transactions")
+            cluster.psql("DELETE FROM intent.jobs WHERE owner_id LIKE 'queue-%'")
+            return lat
+
+        def reset_small():
+            cluster.psql("TRUNCATE intent.jobs CASCADE; TRUNCATE intent.events")
+            load_jobs(cluster, 10_000, "small")
+
+        reset_small()
+        small1 = claim_latency("small1")
+        t0 = time.time()
+        load_jobs(cluster, big - 10_000, "big")
+        load_s = time.time() - t0
+        lat_big = claim_latency("big")
+        reset_small()
+        small2 = claim_latency("small2")
+        small = small1 + small2
+        r50, r99 = pct(lat_big, 50) / pct(small, 50), pct(lat_big, 99) / pct(small, 99)
+        ok = "OK" if r99 <= 1.3 else "MISSED"
+        out(f"\nclaim latency (claim_attempts of 1 job, {clients} claimers, a queue of "
+            f"{clients * per_client + 5000:,} pending jobs; {big:,} finished jobs loaded in {load_s:.0f}s):")
+        text = (f"{big:,} finished jobs: p50/p99 {pct(lat_big, 50):.2f}/{pct(lat_big, 99):.2f} ms; 10,000: "
+                f"{pct(small, 50):.2f}/{pct(small, 99):.2f} ms (two runs, before and after: "
+                f"{pct(small1, 99):.2f} and {pct(small2, 99):.2f} ms p99); ratio p50 {r50:.2f}, p99 {r99:.2f} "
+                f"(target <= 1.30) {ok}")
+        out("  " + text, f"- Claim latency with {big:,} finished jobs: p50 / p99 {pct(lat_big, 50):.2f} / "
+            f"{pct(lat_big, 99):.2f} ms; with 10,000: {pct(small, 50):.2f} / {pct(small, 99):.2f} ms; ratio p50 "
+            f"{r50:.2f}, p99 **{r99:.2f}** (target ≤ 1.30).")
+        if pickup is not None:
+            md.append(f"- Pickup latency, submit commit → claim, {pickup['jobs']} jobs one at a time: "
+                      f"LISTEN + claim on NOTIFY p50 / p99 **{pickup['notify']['p50']:.2f} / "
+                      f"{pickup['notify']['p99']:.2f} ms**; polling every {pickup['poll_ms']} ms "
+                      f"{pickup['poll']['p50']:.1f} / {pickup['poll']['p99']:.1f} ms (server timestamps: "
+                      f"{pickup['notify']['server_p50']:.2f} / {pickup['notify']['server_p99']:.2f} and "
+                      f"{pickup['poll']['server_p50']:.1f} / {pickup['poll']['server_p99']:.1f} ms).")
+        md.append("")
+        md.append(f"Settings: {rounds} alternating rounds of {seconds} s per side, pgbench -M prepared, "
+                  f"synchronous_commit on unless said, {os.cpu_count()} CPUs.")
+        if args.markdown:
+            args.markdown.write_text("\n".join(md) + "\n")
+    finally:
+        cluster.stop()
 
 
 def print_header():

@@ -4,6 +4,7 @@
 # on a fresh machine first, like the other scripts. Results and their reading: docs/benchmarks.md.
 # Usage: bash scripts/bench.sh [--quick] [--seconds N] [--clients N] [--markdown FILE]
 #        bash scripts/bench.sh --majors [--seconds N] [--markdown FILE]   every major of pgrx.toml
+#        bash scripts/bench.sh --workers [--quick] [--markdown FILE]   claims, NOTIFY, pickup (benches/run.py)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$ROOT"

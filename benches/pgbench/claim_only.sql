@@ -1,0 +1,1 @@
+SELECT attempt_id FROM intent.claim_attempts(ARRAY['gpu-a'], 'bench-' || :client_id) \gset
