@@ -10,6 +10,7 @@ const APP_CALLS: &[&str] = &[
     "begin_attempt",
     "complete_attempt",
     "fail_attempt",
+    "claim_attempts",
     "mark_unknown",
     "heartbeat",
     "cancel_job",
