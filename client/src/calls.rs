@@ -8,7 +8,7 @@ use tokio_postgres::Row;
 use uuid::Uuid;
 
 use crate::error::{Context, Error};
-use crate::exec::{Call, Executor};
+use crate::exec::{Call, Executor, InTransaction};
 use crate::types::{
     Attempt, AttemptRecord, BeginOptions, ClaimOptions, ClaimedAttempt, Completion, IntervalArg,
     IntervalValue, JobRecord, JobState, JsonArg, NewJob, RawJson, Submitted, Validation,
@@ -34,8 +34,7 @@ async fn query_one<E: Executor + ?Sized>(
 }
 
 fn get<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, idx: usize) -> Result<T, Error> {
-    row.try_get(idx)
-        .map_err(|source| Error::Connection { source })
+    row.try_get(idx).map_err(|source| Error::Decode { source })
 }
 
 /// A reason the server will take: `None` for an empty one, cut to [`MAX_REASON_CHARS`].
@@ -461,10 +460,26 @@ pub async fn validate_result(
 /// [`Error::NotFound`], and [`submit_job`] for another owner is refused (`42501`).
 ///
 /// For a trusted gateway that serves many owners over pooled connections: call it first in
-/// each request's [`crate::Transaction`]. The setting ends with the transaction, so the pooled
-/// connection goes back unbound; outside a transaction it would last for one statement only.
+/// each request's transaction. The setting ends with the transaction, so the pooled connection
+/// goes back unbound. It takes a transaction only ([`InTransaction`]): outside one, `SET LOCAL`
+/// would last for one statement and the next query would run unbound, as the gateway's role —
+/// so binding a plain connection does not compile:
+///
+/// ```compile_fail
+/// # async fn f(db: &mut pg_intent_client::Connection) -> Result<(), Box<dyn std::error::Error>> {
+/// pg_intent_client::bind_owner(&*db, "alice").await?; // a connection, not a transaction
+/// # Ok(()) }
+/// ```
+///
+/// ```no_run
+/// # async fn f(db: &mut pg_intent_client::Connection) -> Result<(), Box<dyn std::error::Error>> {
+/// let tx = db.transaction().await?;
+/// pg_intent_client::bind_owner(&tx, "alice").await?; // bound until commit or rollback
+/// # Ok(()) }
+/// ```
+///
 /// Only superusers and roles granted `SET ON PARAMETER intent.owner_id` may bind (else `42501`).
-pub async fn bind_owner(db: &(impl Executor + ?Sized), owner_id: &str) -> Result<(), Error> {
+pub async fn bind_owner(db: &(impl InTransaction + ?Sized), owner_id: &str) -> Result<(), Error> {
     query_one(db, Call::BindOwner, &[&owner_id], Context::default()).await?;
     Ok(())
 }

@@ -5,7 +5,9 @@
 //! (`pg_intent_protocol::facts`), never from its prose; what the server said stays reachable
 //! through [`Error::db_error`]. Errors the server
 //! raised for other reasons are [`Error::Database`]; errors where the server said nothing (I/O,
-//! a closed connection) are [`Error::Connection`].
+//! a closed connection) are [`Error::Connection`]; a reply this client could not read is
+//! [`Error::Decode`]. An outcome a [`crate::Worker`] could not report is
+//! [`Error::Unreported`], which keeps it.
 
 use tokio_postgres::error::{DbError, SqlState};
 use uuid::Uuid;
@@ -110,12 +112,32 @@ pub enum Error {
         source: tokio_postgres::Error,
     },
 
-    /// The server said nothing: the connection failed or closed, or a reply could not be read.
+    /// The server said nothing: the connection failed, closed or timed out. Whether a call
+    /// that was sent took effect is unknown; repeating pg_intent's calls is safe.
     #[error("connection error: {source}")]
     Connection {
         /// The tokio-postgres error.
         source: tokio_postgres::Error,
     },
+
+    /// The server answered, but the client could not read the answer into the type asked for
+    /// (a column of another type, an unexpected number of rows), or could not encode a
+    /// parameter: a mismatch between this client and the extension, not a connection problem.
+    /// Repeating the call gives the same error.
+    #[error("could not read the server's reply: {source}")]
+    Decode {
+        /// The tokio-postgres error.
+        source: tokio_postgres::Error,
+    },
+
+    /// A [`crate::Worker`] had an outcome in hand — a result, a definite failure, or an
+    /// unknown outcome — and could not report it, after retrying on fresh connections for as
+    /// long as it was allowed to. The outcome is kept here (and was logged, `log` target
+    /// `pg_intent_client`): report it with [`Unreported::report`] once the database is back.
+    /// Until then the attempt stays `started`, its lease runs out and it counts as `unknown`:
+    /// no other attempt begins behind its back.
+    #[error("{0}")]
+    Unreported(Box<crate::worker::Unreported>),
 
     /// Params, a result or an error could not be serialized to JSON (nothing was sent).
     #[error("could not serialize to JSON: {0}")]
@@ -267,7 +289,11 @@ impl Error {
     /// Classifies a tokio-postgres error by its SQLSTATE.
     pub(crate) fn from_pg(source: tokio_postgres::Error, cx: Context<'_>) -> Error {
         let Some(db) = source.as_db_error() else {
-            return Error::Connection { source };
+            return if is_codec(&source) {
+                Error::Decode { source }
+            } else {
+                Error::Connection { source }
+            };
         };
         let facts = facts_of_error(db);
         let attempt_id = facts.attempt_id.map(Uuid::from_bytes);
@@ -322,7 +348,9 @@ impl Error {
             | Error::NotFound { source, .. }
             | Error::InvalidInput { source }
             | Error::Database { source }
-            | Error::Connection { source } => Some(source),
+            | Error::Connection { source }
+            | Error::Decode { source } => Some(source),
+            Error::Unreported(u) => u.error().pg_error(),
             Error::Serialize(_) | Error::Deserialize(_) | Error::UnknownLabel(_) => None,
         }
     }
@@ -372,6 +400,7 @@ impl Error {
         match self {
             Error::Serialize(_) => 400,
             Error::Connection { .. } => 503,
+            Error::Unreported(u) => u.error().http_status(),
             // The table every layer shares (pg_intent_protocol::sqlstate): other data
             // exceptions are bad input too (a NUL byte in a text, 22021; a \u0000 in a JSON
             // string that jsonb cannot store, 22P05), a deadlock is retried like 40001.
@@ -385,6 +414,44 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         matches!(self.code(), Some("40001" | "40P01"))
     }
+
+    /// Whether the same call may succeed if it is simply made again, on a fresh connection:
+    /// the connection failed or closed ([`Error::Connection`]), or the server refused or lost
+    /// the call for a reason outside it — a connection exception (class `08`), insufficient
+    /// resources (`53`), an operator intervention (`57`: the backend was terminated, the server
+    /// is shutting down, a statement timeout or cancel), a system error (`58`), a lock not
+    /// available (`55P03`), a serialization failure or deadlock (`40`). pg_intent's reports
+    /// (`complete_attempt`, `fail_attempt`, `mark_unknown`, `heartbeat`) may be repeated safely;
+    /// a [`crate::Worker`] repeats them on these errors.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Connection { .. } => true,
+            Error::Unreported(u) => u.error().is_transient(),
+            _ => self.code().is_some_and(|c| {
+                ["08", "40", "53", "57", "58"]
+                    .iter()
+                    .any(|class| c.starts_with(class))
+                    || c == "55P03"
+            }),
+        }
+    }
+}
+
+/// Whether a tokio-postgres error without a SQLSTATE is about converting values (a parameter,
+/// a column, the row count), not about the connection. tokio-postgres does not expose its
+/// error kinds; their messages are stable (`tokio_postgres::error::Kind`'s Display).
+fn is_codec(e: &tokio_postgres::Error) -> bool {
+    let text = e.to_string();
+    [
+        "error serializing parameter",
+        "error deserializing column",
+        "invalid column",
+        "expected ",
+        "query returned an unexpected number of rows",
+        "query returned an unexpected number of columns",
+    ]
+    .iter()
+    .any(|prefix| text.starts_with(prefix))
 }
 
 #[cfg(test)]

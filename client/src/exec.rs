@@ -469,6 +469,33 @@ impl Executor for Transaction<'_> {
     }
 }
 
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// An [`Executor`] that is a transaction: a [`Transaction`] (or a savepoint of one), a
+/// `deadpool_postgres::Transaction` (feature `deadpool`), or a bare
+/// `tokio_postgres::Transaction` with its [`StatementCache`] ([`StatementCache::on`]).
+///
+/// What [`crate::bind_owner`] takes, so that binding a plain connection — where `SET LOCAL`
+/// lasts one statement and the next query runs unbound — does not compile. It cannot be
+/// implemented outside this crate.
+pub trait InTransaction: Executor + sealed::Sealed {}
+
+impl sealed::Sealed for Transaction<'_> {}
+impl InTransaction for Transaction<'_> {}
+
+impl sealed::Sealed for Cached<'_, tokio_postgres::Transaction<'_>> {}
+impl InTransaction for Cached<'_, tokio_postgres::Transaction<'_>> {}
+
+impl<T: InTransaction + ?Sized> sealed::Sealed for &T {}
+impl<T: InTransaction + ?Sized> InTransaction for &T {}
+
+#[cfg(feature = "deadpool")]
+impl sealed::Sealed for deadpool_postgres::Transaction<'_> {}
+#[cfg(feature = "deadpool")]
+impl InTransaction for deadpool_postgres::Transaction<'_> {}
+
 #[cfg(feature = "deadpool")]
 mod pooled {
     //! deadpool-postgres keeps a statement cache in every pooled connection; use it.

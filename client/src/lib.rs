@@ -122,6 +122,7 @@ mod calls;
 mod error;
 mod exec;
 pub mod harness;
+mod report;
 pub mod runner;
 mod types;
 mod worker;
@@ -133,14 +134,16 @@ pub use calls::{
     sweep, unknown_attempts, validate_result,
 };
 pub use error::Error;
-pub use exec::{Cached, Call, Connection, Executor, StatementCache, Transaction};
+pub use exec::{Cached, Call, Connection, Executor, InTransaction, StatementCache, Transaction};
 pub use runner::{Connections, Runner};
 pub use types::{
     Attempt, AttemptRecord, AttemptState, BeginOptions, ClaimOptions, ClaimedAttempt, Completion,
     DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, FingerprintField, JobRecord, JobState, NewJob, Submitted,
     UnknownLabel, Validation,
 };
-pub use worker::{Failover, Run, WorkError, Worker};
+pub use worker::{
+    DEFAULT_REPORT_FOR, Failover, Outcome, Reconnect, Reported, Run, Unreported, WorkError, Worker,
+};
 
 pub use pg_intent_protocol;
 /// The shared crate's name until 0.2.0.

@@ -24,7 +24,7 @@ use crate::calls::{claim_attempts, next_retry_in};
 use crate::error::Error;
 use crate::exec::Executor;
 use crate::types::{ClaimOptions, ClaimedAttempt, Completion, DEFAULT_LEASE, JobState};
-use crate::worker::{Run, WorkError, Worker};
+use crate::worker::{Reconnect, Run, WorkError, Worker};
 
 /// The channel pg_intent notifies when a job becomes claimable at once (payload: its provider).
 pub const CLAIMABLE_CHANNEL: &str = "intent_claimable";
@@ -64,6 +64,17 @@ impl<E: Executor + 'static> Connections for Arc<E> {
 
     async fn connection(&self) -> Result<Arc<E>, BoxError> {
         Ok(self.clone())
+    }
+}
+
+/// A new connection each time (without TLS), its connection task spawned on the runtime.
+impl Connections for tokio_postgres::Config {
+    type Conn = crate::exec::Connection;
+
+    async fn connection(&self) -> Result<crate::exec::Connection, BoxError> {
+        let (client, conn) = self.connect(tokio_postgres::NoTls).await?;
+        tokio::spawn(conn);
+        Ok(crate::exec::Connection::new(client))
     }
 }
 
@@ -775,7 +786,11 @@ fn spawn_attempt<C, T, E, F, Fut>(
                 return Ended::default();
             }
         };
-        let mut worker = Worker::new(&conn, shared.timeout).lease(shared.lease);
+        // A broken connection is replaced from the runner's own: the heartbeats go on and the
+        // outcome is reported, never dropped.
+        let mut worker = Worker::new(&conn, shared.timeout)
+            .lease(shared.lease)
+            .reconnect(Reconnect::shared(shared.db.clone()));
         if let Some(every) = shared.heartbeat_every {
             worker = worker.heartbeat_every(every);
         }

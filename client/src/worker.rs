@@ -2,15 +2,31 @@
 //! into `unknown` (never `failed`), report with the attempt's own version, stop when told to.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Serialize;
+use tokio::time::Instant;
 use uuid::Uuid;
 
-use crate::calls::{begin_attempt, complete_attempt, fail_attempt_after, heartbeat, mark_unknown};
+use crate::calls::{begin_attempt, heartbeat};
 use crate::error::Error;
 use crate::exec::Executor;
+use crate::report::{Link, breaks_connection};
+pub use crate::report::{Outcome, Reconnect, Reported, Unreported};
 use crate::types::{Attempt, BeginOptions, Completion, DEFAULT_LEASE, JobState};
+
+/// How long a [`Worker`] retries a report by default before it gives up and returns the
+/// outcome in [`Error::Unreported`].
+pub const DEFAULT_REPORT_FOR: Duration = Duration::from_secs(300);
+
+/// How long a report made after an interrupt (a shutdown) is retried at most.
+const INTERRUPTED_REPORT_FOR: Duration = Duration::from_secs(5);
+
+/// The first and the longest wait between two tries of a report.
+const REPORT_RETRY_FIRST: Duration = Duration::from_millis(50);
+const REPORT_RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// How the work of an attempt can end other than with a result.
 #[derive(Debug, Clone, PartialEq)]
@@ -209,6 +225,8 @@ pub struct Worker<'a, D: ?Sized> {
     lease: Duration,
     heartbeat_every: Option<Duration>,
     name: Option<String>,
+    reconnect: Option<Reconnect>,
+    report_for: Duration,
 }
 
 impl<D: ?Sized> Clone for Worker<'_, D> {
@@ -219,6 +237,8 @@ impl<D: ?Sized> Clone for Worker<'_, D> {
             lease: self.lease,
             heartbeat_every: self.heartbeat_every,
             name: self.name.clone(),
+            reconnect: self.reconnect.clone(),
+            report_for: self.report_for,
         }
     }
 }
@@ -230,6 +250,8 @@ impl<D: ?Sized> std::fmt::Debug for Worker<'_, D> {
             .field("lease", &self.lease)
             .field("heartbeat_every", &self.heartbeat_every)
             .field("name", &self.name)
+            .field("reconnect", &self.reconnect.is_some())
+            .field("report_for", &self.report_for)
             .finish_non_exhaustive()
     }
 }
@@ -240,6 +262,32 @@ enum Ended<T, E> {
     Timeout,
     Interrupted(String),
 }
+
+/// The interrupt of [`Worker::drive_until`], awaitable again after it fired.
+struct Interrupt<I> {
+    pending: Option<Pin<Box<I>>>,
+}
+
+impl<I: Future<Output = String>> Interrupt<I> {
+    fn fired(&self) -> bool {
+        self.pending.is_none()
+    }
+
+    /// Resolves when the interrupt fires (never, once it has fired: it is a one-time signal).
+    async fn wait(&mut self) -> String {
+        match &mut self.pending {
+            Some(fut) => {
+                let reason = fut.as_mut().await;
+                self.pending = None;
+                reason
+            }
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// The connection an attempt's calls go to: the worker's own, or a fresh one once its own broke.
+type Fresh = Mutex<Option<Arc<dyn Link>>>;
 
 impl<'a, D: Executor + ?Sized> Worker<'a, D> {
     /// A worker on `db` whose provider calls time out after `timeout` (the caller's own
@@ -252,7 +300,34 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
             lease: DEFAULT_LEASE,
             heartbeat_every: None,
             name: None,
+            reconnect: None,
+            report_for: DEFAULT_REPORT_FOR,
         }
+    }
+
+    /// Where to get a fresh connection when the worker's own breaks: heartbeats move to it,
+    /// and a report that failed on a broken connection is made again there (with backoff,
+    /// for up to [`Worker::report_for`]). Without it, a report is retried on the worker's own
+    /// connection only while that connection is open.
+    ///
+    /// ```no_run
+    /// # fn f(db: &pg_intent_client::Connection, pool: deadpool_postgres::Pool) {
+    /// use std::time::Duration;
+    /// use pg_intent_client::{Reconnect, Worker};
+    /// let worker = Worker::new(db, Duration::from_secs(60)).reconnect(Reconnect::using(pool));
+    /// # }
+    /// ```
+    pub fn reconnect(mut self, source: Reconnect) -> Self {
+        self.reconnect = Some(source);
+        self
+    }
+
+    /// How long to keep retrying a report (default five minutes: [`DEFAULT_REPORT_FOR`])
+    /// before giving up and returning the outcome in [`Error::Unreported`]. Only errors that
+    /// may pass ([`Error::is_transient`]) are retried; any other answer ends the report at once.
+    pub fn report_for(mut self, how_long: Duration) -> Self {
+        self.report_for = how_long;
+        self
     }
 
     /// Sets the lease of each attempt (heartbeats extend it by as much).
@@ -291,9 +366,14 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
     /// heartbeat answers `false`; give the provider [`Attempt::id`] as its idempotency key so
     /// that a reconciler can ask it later what happened.
     ///
-    /// If reporting the outcome fails (the connection broke), the error is returned and the
-    /// attempt stays `started`: its lease runs out, it counts as `unknown`, and a reconciler
-    /// resolves it from what the provider did — it is never retried behind its back.
+    /// If the connection breaks while the work runs, heartbeats move to a fresh one (with
+    /// [`Worker::reconnect`]); a report that fails for a reason that may pass
+    /// ([`Error::is_transient`]) is made again, with backoff, for up to
+    /// [`Worker::report_for`] (repeating a report is safe). A report that still could not be
+    /// made is returned as [`Error::Unreported`], which holds the outcome (the result itself)
+    /// and the attempt, and is logged: it is never dropped. Meanwhile the attempt stays
+    /// `started`, its lease runs out and it counts as `unknown`, so no other attempt begins
+    /// behind its back.
     pub async fn run<T, E, F, Fut>(
         &self,
         job_id: Uuid,
@@ -349,68 +429,174 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
         Fut: Future<Output = Result<T, WorkError<E>>>,
         I: Future<Output = String>,
     {
+        let mut interrupt = Interrupt {
+            pending: Some(Box::pin(interrupt)),
+        };
+        let fresh: Fresh = Mutex::new(None);
         let ended = {
             let work = work(attempt.clone());
-            let keep_alive = self.keep_alive(attempt.id());
+            let keep_alive = self.keep_alive(attempt.id(), &fresh);
             let timer = tokio::time::sleep(self.timeout);
-            tokio::pin!(work, keep_alive, timer, interrupt);
+            tokio::pin!(work, keep_alive, timer);
             tokio::select! {
                 // A result that is in hand is reported, even if the timer fired as well.
                 biased;
                 r = &mut work => Ended::Work(r),
                 stop = &mut keep_alive => Ended::Stop(stop),
                 () = &mut timer => Ended::Timeout,
-                reason = &mut interrupt => Ended::Interrupted(reason),
+                reason = interrupt.wait() => Ended::Interrupted(reason),
             }
             // The work future is dropped here: whatever it was doing stops.
         };
-        match ended {
-            Ended::Work(Ok(result)) => {
-                let completion = complete_attempt(self.db, &attempt, &result).await?;
-                Ok(Run::Completed {
-                    attempt,
-                    completion,
-                    result,
-                })
-            }
+        let outcome = match &ended {
+            Ended::Work(Ok(result)) => Outcome::completed(result)?,
             Ended::Work(Err(WorkError::Failed {
                 error,
                 retryable,
                 retry_after,
-            })) => {
-                let job_state =
-                    fail_attempt_after(self.db, &attempt, &error, retryable, retry_after).await?;
-                Ok(Run::Failed {
-                    attempt,
-                    error,
-                    retryable,
-                    job_state,
-                })
-            }
+            })) => Outcome::failed(error, *retryable, *retry_after)?,
             Ended::Work(Err(WorkError::Unknown { reason })) | Ended::Interrupted(reason) => {
-                mark_unknown(self.db, attempt.id(), Some(&reason)).await?;
-                Ok(Run::Unknown { attempt, reason })
+                Outcome::Unknown {
+                    reason: reason.clone(),
+                }
             }
-            Ended::Timeout => {
-                let reason = format!("the caller's timeout of {:?} fired", self.timeout);
-                mark_unknown(self.db, attempt.id(), Some(&reason)).await?;
-                Ok(Run::Unknown { attempt, reason })
+            Ended::Timeout => Outcome::Unknown {
+                reason: format!("the caller's timeout of {:?} fired", self.timeout),
+            },
+            Ended::Stop(_) => {
+                return match ended {
+                    Ended::Stop(Ok(())) => Ok(Run::Stopped { attempt }),
+                    Ended::Stop(Err(e)) => Err(e),
+                    _ => unreachable!(),
+                };
             }
-            Ended::Stop(Ok(())) => Ok(Run::Stopped { attempt }),
-            Ended::Stop(Err(e)) => Err(e),
+        };
+        let unknown = match &outcome {
+            Outcome::Unknown { reason } => Some(reason.clone()),
+            _ => None,
+        };
+        let reported = self
+            .report(&attempt, outcome, &fresh, &mut interrupt)
+            .await?;
+        Ok(match (ended, reported) {
+            (Ended::Work(Ok(result)), Reported::Completed(completion)) => Run::Completed {
+                attempt,
+                completion,
+                result,
+            },
+            (
+                Ended::Work(Err(WorkError::Failed {
+                    error, retryable, ..
+                })),
+                Reported::Failed(job_state),
+            ) => Run::Failed {
+                attempt,
+                error,
+                retryable,
+                job_state,
+            },
+            // Each outcome is answered by its own report (Outcome::report): the rest is unknown.
+            _ => Run::Unknown {
+                attempt,
+                reason: unknown.unwrap_or_default(),
+            },
+        })
+    }
+
+    /// The fresh connection, if the worker's own broke and one was made.
+    fn fresh(fresh: &Fresh) -> Option<Arc<dyn Link>> {
+        fresh.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces a broken connection by a fresh one, when the worker has a [`Reconnect`].
+    async fn replace(&self, fresh: &Fresh) {
+        if let Some(reconnect) = &self.reconnect
+            && let Ok(link) = reconnect.connect().await
+        {
+            *fresh.lock().unwrap_or_else(|p| p.into_inner()) = Some(link);
+        }
+    }
+
+    /// Reports `outcome` until it lands, an answer says it cannot, or [`Worker::report_for`]
+    /// (after an interrupt: a few seconds) has passed; then [`Error::Unreported`], which keeps
+    /// it.
+    async fn report<I: Future<Output = String>>(
+        &self,
+        attempt: &Attempt,
+        outcome: Outcome,
+        fresh: &Fresh,
+        interrupt: &mut Interrupt<I>,
+    ) -> Result<Reported, Error> {
+        let started = Instant::now();
+        let mut until = started
+            + if interrupt.fired() {
+                self.report_for.min(INTERRUPTED_REPORT_FOR)
+            } else {
+                self.report_for
+            };
+        let mut delay = REPORT_RETRY_FIRST;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let link = Self::fresh(fresh);
+            let answer = match &link {
+                Some(link) => link.send(attempt, &outcome).await,
+                None => outcome.report(self.db, attempt).await,
+            };
+            let error = match answer {
+                Ok(reported) => return Ok(reported),
+                Err(error) => error,
+            };
+            let closed = match &link {
+                Some(link) => link.closed(),
+                None => self.db.client().is_closed(),
+            };
+            let hopeless = closed && self.reconnect.is_none();
+            if !error.is_transient() || hopeless || Instant::now() >= until {
+                return Err(Error::Unreported(Box::new(Unreported::new(
+                    attempt.clone(),
+                    outcome,
+                    tries,
+                    error,
+                ))));
+            }
+            tokio::select! {
+                () = tokio::time::sleep(delay.min(until.saturating_duration_since(Instant::now()))) => {}
+                // Shutting down: a few more seconds, not the whole report_for.
+                _ = interrupt.wait() => until = until.min(Instant::now() + INTERRUPTED_REPORT_FOR),
+            }
+            delay = (delay * 2).min(REPORT_RETRY_MAX);
+            if closed || breaks_connection(&error) {
+                self.replace(fresh).await;
+            }
         }
     }
 
     /// Heartbeats until one answers `false` (then `Ok`) or the server refuses one (then `Err`).
-    /// A connection error is not an answer: the next beat tries again, and the deadline rule
-    /// covers a worker that never gets through.
-    async fn keep_alive(&self, attempt_id: Uuid) -> Result<(), Error> {
+    /// An error that may pass is not an answer: the next beat tries again, on a fresh
+    /// connection when this one broke (with [`Worker::reconnect`]); a worker that never gets
+    /// through is covered by the deadline rule (its attempt lapses to `unknown`).
+    async fn keep_alive(&self, attempt_id: Uuid, fresh: &Fresh) -> Result<(), Error> {
         let every = self.heartbeat_interval();
         loop {
             tokio::time::sleep(every).await;
-            match heartbeat(self.db, attempt_id, None).await {
-                Ok(true) | Err(Error::Connection { .. }) => {}
+            let link = Self::fresh(fresh);
+            let answer = match &link {
+                Some(link) => link.beat(attempt_id).await,
+                None => heartbeat(self.db, attempt_id, None).await,
+            };
+            match answer {
+                Ok(true) => {}
                 Ok(false) => return Ok(()),
+                Err(e) if e.is_transient() => {
+                    let closed = match &link {
+                        Some(link) => link.closed(),
+                        None => self.db.client().is_closed(),
+                    };
+                    if closed || breaks_connection(&e) {
+                        self.replace(fresh).await;
+                    }
+                }
                 Err(e) => return Err(e),
             }
         }
