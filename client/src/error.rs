@@ -133,7 +133,7 @@ pub enum Error {
     /// A [`crate::Worker`] had an outcome in hand — a result, a definite failure, or an
     /// unknown outcome — and could not report it, after retrying on fresh connections for as
     /// long as it was allowed to. The outcome is kept here (and was logged, `log` target
-    /// `pg_intent_client`): report it with [`Unreported::report`] once the database is back.
+    /// `pg_intent_client`): report it with [`crate::Unreported::report`] once the database is back.
     /// Until then the attempt stays `started`, its lease runs out and it counts as `unknown`:
     /// no other attempt begins behind its back.
     #[error("{0}")]

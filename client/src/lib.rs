@@ -22,7 +22,9 @@
 //!   Statements are prepared once per connection (see below).
 //! * **The protocol, encoded**: [`Worker`] begins an attempt, heartbeats while the provider
 //!   works, marks the attempt unknown (never failed) when your timeout fires, reports with the
-//!   right version and stops when a heartbeat says so. [`Worker::run_failover`] tries the next
+//!   right version and stops when a heartbeat says so. It never drops an outcome it holds: when
+//!   its connection breaks, heartbeats and the report move to a fresh one ([`Reconnect`]), and
+//!   a report that cannot land comes back as [`Error::Unreported`] with the result in it. [`Worker::run_failover`] tries the next
 //!   provider only when the gate allows and answers [`Failover::ReconcileFirst`] instead of
 //!   starting a second attempt while an outcome is unknown.
 //! * **A worker process in a few lines**: [`Runner`] `LISTEN`s for `NOTIFY intent_claimable`,

@@ -151,9 +151,11 @@ pub enum Event {
         /// Why.
         error: BoxError,
     },
-    /// A claimed attempt could not be run or reported (no connection, the connection broke,
-    /// the work panicked): it stays `started`, its lease runs out and it counts as `unknown`,
-    /// for a reconciler to resolve. It is never retried behind its back.
+    /// A claimed attempt could not be run or reported (no connection for it, the work
+    /// panicked, or its report failed on fresh connections for as long as the worker tries):
+    /// it stays `started`, its lease runs out and it counts as `unknown`, for a reconciler to
+    /// resolve. It is never retried behind its back. An outcome that could not be reported is
+    /// in the error ([`Error::Unreported`], downcast it), never dropped.
     AttemptFailed {
         /// The attempt.
         attempt_id: Uuid,
