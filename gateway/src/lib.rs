@@ -12,6 +12,7 @@
 //! | the same key and body, job pending or running | `409` problem `request-in-flight`, `Retry-After` |
 //! | the same key and body, outcome unknown | `409` problem `outcome-unknown`, `Retry-After` |
 //! | the same key, another body or provider | `422` problem `idempotency-key-reused` (`IJ001`) |
+//! | the database unreachable, too slow ([`DatabaseConfig`]) or transient (57P01, 57014, 08…) | `503` problem `unavailable`, `Retry-After` |
 //!
 //! The owner of a job is the authenticated caller, never something the body says; the job is
 //! `(owner, key)`, so two callers may use the same key. Bodies are compared as `jsonb` (key order
@@ -38,7 +39,11 @@ use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, LOCATION};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::{
+    Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime, TimeoutType,
+    Timeouts,
+};
+use pg_intent_client::pg_intent_protocol::sqlstate;
 use pg_intent_client::{self as intent, Attempt, JobState, NewJob, Submitted, WorkError};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -107,8 +112,51 @@ pub struct Config {
     pub in_flight_retry_after: u32,
     /// `Retry-After` of a `409` while the outcome is unknown, in seconds.
     pub unknown_retry_after: u32,
+    /// `Retry-After` of a `503` (the database unreachable, too slow, or asking for a retry
+    /// later), in seconds. Default 2.
+    pub unavailable_retry_after: u32,
+    /// How long the gateway waits for its database.
+    pub database: DatabaseConfig,
     /// The worker.
     pub worker: WorkerConfig,
+}
+
+/// How long a request waits for the database before it is answered `503` + `Retry-After`.
+/// Each bound holds whatever the server does, so no request hangs on a database that stopped
+/// answering.
+#[derive(Debug, Clone)]
+pub struct DatabaseConfig {
+    /// How long a request waits for a free connection of the pool (deadpool's `wait`).
+    /// Default 2 s. The worker's own connections wait as long as it takes: a claimed attempt
+    /// must get one to heartbeat and report.
+    pub wait_timeout: Duration,
+    /// How long opening a connection may take: the TCP connect (tokio-postgres'
+    /// `connect_timeout`, unless the connection string sets one) and the whole startup with
+    /// authentication (deadpool's `create`). Default 5 s. Applies to the worker's too.
+    pub connect_timeout: Duration,
+    /// How long recycling a pooled connection may take (deadpool's `recycle`). Default 2 s.
+    pub recycle_timeout: Duration,
+    /// `SET LOCAL statement_timeout` of each request's transaction: the server cancels a
+    /// statement that runs (or waits for a lock) longer, `57014`. Default 5 s; zero leaves the
+    /// server's setting. Per transaction, so the worker's connections of the same pool are not
+    /// bound by it.
+    pub statement_timeout: Duration,
+    /// The gateway's own bound on a request's whole transaction, for a server that stopped
+    /// answering (where `statement_timeout` cannot fire): past it the connection is closed,
+    /// never handed to another request. Default 10 s; keep it above `statement_timeout`.
+    pub transaction_timeout: Duration,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        DatabaseConfig {
+            wait_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(5),
+            recycle_timeout: Duration::from_secs(2),
+            statement_timeout: Duration::from_secs(5),
+            transaction_timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 impl Default for Config {
@@ -121,6 +169,8 @@ impl Default for Config {
             max_attempts: 3,
             in_flight_retry_after: 1,
             unknown_retry_after: 30,
+            unavailable_retry_after: problem::UNAVAILABLE_RETRY_AFTER,
+            database: DatabaseConfig::default(),
             worker: WorkerConfig::default(),
         }
     }
@@ -184,9 +234,25 @@ pub async fn fake_provider(task: Task) -> Outcome {
     }
 }
 
-/// A deadpool pool for `config` (a tokio-postgres connection string or URL).
+/// A deadpool pool for `config` (a tokio-postgres connection string or URL), with the default
+/// [`DatabaseConfig`]'s timeouts.
 pub fn pool(config: &str, max_size: usize) -> Result<Pool, Box<dyn std::error::Error>> {
-    let pg: tokio_postgres::Config = config.parse()?;
+    pool_with(config, max_size, &DatabaseConfig::default())
+}
+
+/// A deadpool pool for `config` with the connect and recycle timeouts of `db` (on the tokio
+/// runtime, which deadpool needs for timeouts). Its own wait timeout is none: that is the
+/// worker's, which must not give up on a connection for an attempt it has claimed; requests
+/// wait at most [`DatabaseConfig::wait_timeout`].
+pub fn pool_with(
+    config: &str,
+    max_size: usize,
+    db: &DatabaseConfig,
+) -> Result<Pool, Box<dyn std::error::Error>> {
+    let mut pg: tokio_postgres::Config = config.parse()?;
+    if pg.get_connect_timeout().is_none() {
+        pg.connect_timeout(db.connect_timeout);
+    }
     let manager = Manager::from_config(
         pg,
         tokio_postgres::NoTls,
@@ -194,7 +260,13 @@ pub fn pool(config: &str, max_size: usize) -> Result<Pool, Box<dyn std::error::E
             recycling_method: RecyclingMethod::Fast,
         },
     );
-    Ok(Pool::builder(manager).max_size(max_size).build()?)
+    Ok(Pool::builder(manager)
+        .max_size(max_size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(None)
+        .create_timeout(Some(db.connect_timeout))
+        .recycle_timeout(Some(db.recycle_timeout))
+        .build()?)
 }
 
 /// Where a job is: `/jobs/{job_id}`.
@@ -293,11 +365,19 @@ impl Gateway {
             .ok_or_else(|| unauthorized("The bearer token is not known."))
     }
 
+    /// The answer to a problem: a `503` carries the configured `Retry-After`.
+    fn answer(&self, mut p: Problem) -> Response {
+        if p.kind == Kind::Unavailable {
+            p.retry_after = Some(self.config().unavailable_retry_after);
+        }
+        p.into_response()
+    }
+
     /// `POST`: one job per (owner, Idempotency-Key).
     async fn submit(&self, headers: &HeaderMap, provider: &str, body: &[u8]) -> Response {
         match self.try_submit(headers, provider, body).await {
             Ok(res) => res,
-            Err(p) => p.into_response(),
+            Err(p) => self.answer(p),
         }
     }
 
@@ -325,25 +405,29 @@ impl Gateway {
             Problem::new(Kind::InvalidRequest, format!("The body is not JSON: {e}."))
         })?;
 
-        let mut conn = self.connection().await?;
-        let tx = conn.transaction().await.map_err(db_problem)?;
-        if self.config().bind_owner {
-            intent::bind_owner(&tx, &owner).await?;
-        }
-        let job: Submitted<Value> = intent::submit_job(
-            &tx,
-            &NewJob::new(&owner, &key, provider, &params).max_attempts(self.config().max_attempts),
-        )
-        .await?;
-        // A failed job's error is not part of submit_job's answer: read it with the row.
-        let error = if job.state == JobState::Failed {
-            intent::get_job(&tx, job.job_id)
-                .await?
-                .and_then(|j| j.error)
-        } else {
-            None
-        };
-        tx.commit().await.map_err(db_problem)?;
+        let conn = self.connection().await?;
+        let (job, error) = self
+            .bounded(conn, async |conn| {
+                let tx = self.begin(conn, &owner).await?;
+                let job: Submitted<Value> = intent::submit_job(
+                    &tx,
+                    &NewJob::new(&owner, &key, provider, &params)
+                        .max_attempts(self.config().max_attempts),
+                )
+                .await?;
+                // A failed job's error is not part of submit_job's answer: read it with the
+                // row.
+                let error = if job.state == JobState::Failed {
+                    intent::get_job(&tx, job.job_id)
+                        .await?
+                        .and_then(|j| j.error)
+                } else {
+                    None
+                };
+                tx.commit().await.map_err(db_problem)?;
+                Ok((job, error))
+            })
+            .await?;
 
         if job.created {
             self.inner.wake.notify_one();
@@ -395,23 +479,113 @@ impl Gateway {
         let owner = self.owner(headers)?;
         let not_found = || Problem::new(Kind::NotFound, format!("There is no job {job_id}."));
         let job_id = Uuid::parse_str(job_id).map_err(|_| not_found())?;
-        let mut conn = self.connection().await?;
-        let tx = conn.transaction().await.map_err(db_problem)?;
-        if self.config().bind_owner {
-            intent::bind_owner(&tx, &owner).await?;
-        }
-        let job = intent::get_job(&tx, job_id).await?;
-        tx.commit().await.map_err(db_problem)?;
+        let conn = self.connection().await?;
+        let job = self
+            .bounded(conn, async |conn| {
+                let tx = self.begin(conn, &owner).await?;
+                let job = intent::get_job(&tx, job_id).await?;
+                tx.commit().await.map_err(db_problem)?;
+                Ok(job)
+            })
+            .await?;
         // Bound, the database shows no other owner's job; unbound, this check is the only one.
         let job = job.filter(|j| j.owner_id == owner).ok_or_else(not_found)?;
         Ok(axum::Json(representation(job.id, job.state, job.result, job.error)).into_response())
     }
 
-    async fn connection(&self) -> Result<deadpool_postgres::Object, Problem> {
-        self.inner.pool.get().await.map_err(|e| {
+    /// A connection of the pool for a request, within the wait, connect and recycle timeouts.
+    async fn connection(&self) -> Result<Object, Problem> {
+        let db = &self.config().database;
+        let timeouts = Timeouts {
+            wait: Some(db.wait_timeout),
+            create: Some(db.connect_timeout),
+            recycle: Some(db.recycle_timeout),
+        };
+        let got = match self.inner.pool.timeout_get(&timeouts).await {
+            // A pool built without a runtime cannot time out by itself.
+            Err(PoolError::NoRuntimeSpecified) => {
+                let bound = db.wait_timeout + db.connect_timeout + db.recycle_timeout;
+                tokio::time::timeout(bound, self.inner.pool.get())
+                    .await
+                    .unwrap_or(Err(PoolError::Timeout(TimeoutType::Wait)))
+            }
+            got => got,
+        };
+        got.map_err(|e| {
             log(&format!("no database connection: {e}"));
-            Problem::new(Kind::Unavailable, Kind::Unavailable.title()).retry_after(1)
+            let detail = match e {
+                PoolError::Timeout(TimeoutType::Wait) => format!(
+                    "No database connection was free within {:?}.",
+                    db.wait_timeout
+                ),
+                PoolError::Timeout(TimeoutType::Create) => format!(
+                    "The database did not accept a connection within {:?}.",
+                    db.connect_timeout
+                ),
+                PoolError::Timeout(TimeoutType::Recycle) => format!(
+                    "A database connection could not be checked within {:?}.",
+                    db.recycle_timeout
+                ),
+                _ => "The database cannot be reached.".to_string(),
+            };
+            Problem::new(Kind::Unavailable, detail)
         })
+    }
+
+    /// Runs a request's transaction on `conn` within [`DatabaseConfig::transaction_timeout`].
+    /// Past it the connection is taken out of the pool and closed: it may be stuck in the
+    /// middle of a statement, and must not serve another request. So is a connection whose
+    /// transaction ended in a `503`.
+    async fn bounded<T>(
+        &self,
+        mut conn: Object,
+        work: impl AsyncFnOnce(&mut Object) -> Result<T, Problem>,
+    ) -> Result<T, Problem> {
+        let limit = self.config().database.transaction_timeout;
+        match tokio::time::timeout(limit, work(&mut conn)).await {
+            Ok(Err(p)) if p.kind == Kind::Unavailable => {
+                // The connection may be the broken one (its backend terminated, the server
+                // restarting): the retry must not get it back from the pool before its
+                // closing is noticed. A new one costs a connect.
+                drop(Object::take(conn));
+                Err(p)
+            }
+            Ok(done) => done,
+            Err(_) => {
+                drop(Object::take(conn));
+                log(&format!(
+                    "the database did not answer within {limit:?}: connection closed"
+                ));
+                Err(Problem::new(
+                    Kind::Unavailable,
+                    format!("The database did not answer within {limit:?}."),
+                ))
+            }
+        }
+    }
+
+    /// Begins a request's transaction: its statement timeout, and its owner binding.
+    async fn begin<'c>(
+        &self,
+        conn: &'c mut Object,
+        owner: &str,
+    ) -> Result<deadpool_postgres::Transaction<'c>, Problem> {
+        let tx = conn.transaction().await.map_err(db_problem)?;
+        let timeout = self.config().database.statement_timeout;
+        if !timeout.is_zero() {
+            // SET LOCAL: it ends with the transaction, and the pooled connection (which the
+            // worker may use next) keeps the server's setting.
+            tx.batch_execute(&format!(
+                "SET LOCAL statement_timeout = {}",
+                timeout.as_millis().max(1)
+            ))
+            .await
+            .map_err(db_problem)?;
+        }
+        if self.config().bind_owner {
+            intent::bind_owner(&tx, owner).await?;
+        }
+        Ok(tx)
     }
 }
 
@@ -453,23 +627,17 @@ fn is_json(headers: &HeaderMap) -> bool {
         || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
-/// A tokio-postgres error outside the client's calls (BEGIN, COMMIT).
+/// A tokio-postgres error outside the client's calls (BEGIN, SET LOCAL, COMMIT): `503` for a
+/// transient SQLSTATE or when the server said nothing (the connection broke), `500` else.
 fn db_problem(e: tokio_postgres::Error) -> Problem {
+    let kind = match e.code() {
+        Some(code) if sqlstate::http_status(code.code()) != 503 => Kind::Internal,
+        _ => Kind::Unavailable,
+    };
+    let p = Problem::new(kind, kind.title());
     match e.code() {
-        Some(code) => {
-            let kind = if code.code().starts_with("40") {
-                Kind::Unavailable
-            } else {
-                Kind::Internal
-            };
-            let p = Problem::new(kind, kind.title()).with("sqlstate", code.code());
-            if kind == Kind::Unavailable {
-                p.retry_after(1)
-            } else {
-                p
-            }
-        }
-        None => Problem::new(Kind::Unavailable, Kind::Unavailable.title()).retry_after(1),
+        Some(code) => p.with("sqlstate", code.code()),
+        None => p,
     }
 }
 
@@ -505,7 +673,7 @@ async fn show(
 ) -> Response {
     match gw.try_show(&headers, &job_id).await {
         Ok(res) => res,
-        Err(p) => p.into_response(),
+        Err(p) => gw.answer(p),
     }
 }
 

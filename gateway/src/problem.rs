@@ -39,7 +39,8 @@ pub enum Kind {
     NotFound,
     /// 403: the database refused the owner binding (`42501`).
     Forbidden,
-    /// 503: the database is unreachable or asked for a retry (`40001`).
+    /// 503: the database is unreachable, did not answer in time, or asked for a retry later (a
+    /// transient SQLSTATE: `pg_intent_protocol::sqlstate::is_transient`).
     Unavailable,
     /// 500: anything else.
     Internal,
@@ -145,7 +146,7 @@ impl Kind {
             }
             Kind::Forbidden => "The database refused to act for this owner (SQLSTATE 42501).",
             Kind::Unavailable => {
-                "The database is unreachable or asked for a retry. Retry the same request, with the same Idempotency-Key, after Retry-After seconds."
+                "The database is unreachable, did not answer in time, or asked for a retry later (a terminated connection, a cancelled statement, a lock timeout, too many connections, a serialization failure). Whether or not the job was created, it is safe to send the same request again, with the same Idempotency-Key, after Retry-After seconds: the key makes it one job."
             }
             Kind::Internal => "Something unexpected went wrong; the SQLSTATE, if any, says where.",
         }
@@ -204,6 +205,10 @@ impl Problem {
     }
 }
 
+/// `Retry-After` of a `503`, in seconds, unless the gateway's configuration says otherwise
+/// (`Config::unavailable_retry_after`).
+pub const UNAVAILABLE_RETRY_AFTER: u32 = 2;
+
 impl From<Error> for Problem {
     fn from(e: Error) -> Problem {
         let kind = match &e {
@@ -211,10 +216,13 @@ impl From<Error> for Problem {
             Error::NotFound { .. } => Kind::NotFound,
             Error::Connection { .. } => Kind::Unavailable,
             _ if e.is_retryable() => Kind::Unavailable,
+            // The shared table: 503 for every transient SQLSTATE (57P01, 57014, 55P03, 08, 53,
+            // 40P01 …), whichever call it interrupted.
             _ => match e.http_status() {
                 400 => Kind::InvalidRequest,
                 403 => Kind::Forbidden,
                 409 => Kind::InFlight,
+                503 => Kind::Unavailable,
                 _ => Kind::Internal,
             },
         };
@@ -240,7 +248,7 @@ impl From<Error> for Problem {
             p.location = None; // the job is not this request's
         }
         if kind == Kind::Unavailable {
-            p = p.retry_after(1);
+            p = p.retry_after(UNAVAILABLE_RETRY_AFTER);
         }
         p
     }
