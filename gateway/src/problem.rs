@@ -33,6 +33,13 @@ pub enum Kind {
     OutcomeUnknown,
     /// 400: the body is not JSON, or the database refused the input (`22xxx`).
     InvalidRequest,
+    /// 400: a header that must appear once (`Authorization`, `Content-Type`) appears several
+    /// times.
+    HeaderRepeated,
+    /// 413: the body is larger than the gateway reads.
+    PayloadTooLarge,
+    /// 408: the body did not arrive within the body timeout.
+    RequestTimeout,
     /// 415: the body is not `application/json`.
     UnsupportedMediaType,
     /// 404: no such job (for this owner), or no such provider.
@@ -48,7 +55,7 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, for the `/problems` pages.
-    pub const ALL: [Kind; 12] = [
+    pub const ALL: [Kind; 15] = [
         Kind::Unauthorized,
         Kind::KeyMissing,
         Kind::KeyMalformed,
@@ -56,6 +63,9 @@ impl Kind {
         Kind::InFlight,
         Kind::OutcomeUnknown,
         Kind::InvalidRequest,
+        Kind::HeaderRepeated,
+        Kind::PayloadTooLarge,
+        Kind::RequestTimeout,
         Kind::UnsupportedMediaType,
         Kind::NotFound,
         Kind::Forbidden,
@@ -73,6 +83,9 @@ impl Kind {
             Kind::InFlight => "request-in-flight",
             Kind::OutcomeUnknown => "outcome-unknown",
             Kind::InvalidRequest => "invalid-request",
+            Kind::HeaderRepeated => "header-repeated",
+            Kind::PayloadTooLarge => "payload-too-large",
+            Kind::RequestTimeout => "request-timeout",
             Kind::UnsupportedMediaType => "unsupported-media-type",
             Kind::NotFound => "not-found",
             Kind::Forbidden => "forbidden",
@@ -85,7 +98,11 @@ impl Kind {
     pub fn status(self) -> StatusCode {
         match self {
             Kind::Unauthorized => StatusCode::UNAUTHORIZED,
-            Kind::KeyMissing | Kind::KeyMalformed | Kind::InvalidRequest => StatusCode::BAD_REQUEST,
+            Kind::KeyMissing | Kind::KeyMalformed | Kind::InvalidRequest | Kind::HeaderRepeated => {
+                StatusCode::BAD_REQUEST
+            }
+            Kind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Kind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Kind::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Kind::InFlight | Kind::OutcomeUnknown => StatusCode::CONFLICT,
             Kind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -108,6 +125,9 @@ impl Kind {
                 "The outcome of the request with this Idempotency-Key is unknown"
             }
             Kind::InvalidRequest => "Invalid request",
+            Kind::HeaderRepeated => "A header that must appear once appears several times",
+            Kind::PayloadTooLarge => "The request body is too large",
+            Kind::RequestTimeout => "The request body did not arrive in time",
             Kind::UnsupportedMediaType => "The body must be application/json",
             Kind::NotFound => "Not found",
             Kind::Forbidden => "Forbidden",
@@ -139,6 +159,15 @@ impl Kind {
             }
             Kind::InvalidRequest => {
                 "The request body must be JSON (at most 1 MiB once stored), and the database refused nothing else. The detail and, when present, the SQLSTATE say what."
+            }
+            Kind::HeaderRepeated => {
+                "Send Authorization and Content-Type once each. With two Authorization headers the gateway cannot know who is asking, so it refuses rather than pick one."
+            }
+            Kind::PayloadTooLarge => {
+                "The gateway reads request bodies up to a configured size (2 MiB by default); the database stores params up to 1 MiB. Send a smaller body."
+            }
+            Kind::RequestTimeout => {
+                "The body did not arrive within the gateway's body timeout, and the connection was closed. Nothing was written: send the same request again, with the same Idempotency-Key."
             }
             Kind::UnsupportedMediaType => "Send the body as Content-Type: application/json.",
             Kind::NotFound => {

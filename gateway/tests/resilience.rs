@@ -1,5 +1,5 @@
 //! The gateway when things go wrong: the database stops answering, refuses for a moment or is
-//! slow. Real HTTP over loopback and a real cluster.
+//! slow; the client is slow or sends too much. Real HTTP over loopback and a real cluster.
 
 mod common;
 
@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use common::{TestDb, eventually, gateway_db};
 use pg_intent_gateway::{Config, Gateway, Outcome, Task, WorkerConfig};
 use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
 use uuid::Uuid;
 
 const ALICE: &str = "alice-token";
@@ -36,6 +38,8 @@ fn tuned(c: &mut Config) {
     c.database.recycle_timeout = Duration::from_millis(500);
     c.database.statement_timeout = Duration::from_millis(800);
     c.database.transaction_timeout = Duration::from_millis(2500);
+    c.http.header_timeout = Duration::from_millis(600);
+    c.http.body_timeout = Duration::from_millis(600);
 }
 
 fn no_provider(_: Task) -> std::future::Ready<Outcome> {
@@ -45,6 +49,7 @@ fn no_provider(_: Task) -> std::future::Ready<Outcome> {
 /// A gateway (no worker) on 127.0.0.1 in front of `database` (a connection string).
 struct Gw {
     base: String,
+    addr: String,
     http: reqwest::Client,
     server: tokio::task::JoinHandle<()>,
 }
@@ -68,6 +73,7 @@ async fn serve(database: &str, config: Config, max_size: usize) -> Gw {
     });
     Gw {
         base: format!("http://{addr}"),
+        addr,
         // Every request of these tests is answered well within this, or the test fails.
         http: reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
@@ -385,6 +391,302 @@ async fn a_database_that_never_answers_is_503_within_the_connect_timeout() {
         "the gateway did connect"
     );
     holder.abort();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Slow and oversized requests.
+
+/// Reads one HTTP/1.1 response: its status, its head, its body (by Content-Length). `None`
+/// when the connection closes first.
+async fn read_response(
+    stream: &mut (impl tokio::io::AsyncBufRead + Unpin),
+) -> Option<(u16, String, Vec<u8>)> {
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        match stream.read_line(&mut line).await {
+            Ok(0) | Err(_) => return None,
+            Ok(_) => {}
+        }
+        if line == "\r\n" {
+            break;
+        }
+        head.push_str(&line);
+    }
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    let length = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse::<usize>().ok())?
+        })
+        .unwrap_or(0);
+    let mut body = vec![0; length];
+    stream.read_exact(&mut body).await.ok()?;
+    Some((status, head, body))
+}
+
+/// Whether the peer closes the connection (EOF or reset) within `within`; whatever it sends
+/// before (a `408`) is read and skipped.
+async fn closed_within(read: &mut (impl tokio::io::AsyncRead + Unpin), within: Duration) -> bool {
+    let mut buf = [0u8; 4096];
+    let end = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(end, read.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// A request head, `\r\n\r\n` included, with the test's Idempotency-Key and Content-Type.
+fn head(authorization: Option<&str>, framing: &str) -> String {
+    let auth = authorization.map_or(String::new(), |a| format!("Authorization: {a}\r\n"));
+    format!(
+        "POST /jobs HTTP/1.1\r\nHost: gw\r\n{auth}Idempotency-Key: \"raw\"\r\n\
+         Content-Type: application/json\r\n{framing}\r\n"
+    )
+}
+
+/// A client that sends its request head one byte every 50 ms is cut off after the header
+/// timeout; nothing waits on it for longer, and the gateway serves others meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_loris_head_is_cut_off_after_the_header_timeout() {
+    let (gw, _db) = on_db(config(), 2).await;
+    let (mut read, mut write) = TcpStream::connect(&gw.addr).await.unwrap().into_split();
+    let started = Instant::now();
+    let trickle = tokio::spawn(async move {
+        let head = format!(
+            "POST /jobs HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {ALICE}\r\n{}",
+            "X-Padding: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n".repeat(20)
+        );
+        for b in head.bytes() {
+            if write.write_all(&[b]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    let page = gw.get("/problems/unavailable").await;
+    assert_eq!(page.status, 200, "the gateway serves others meanwhile");
+    assert!(
+        closed_within(&mut read, Duration::from_millis(600 + 2000)).await,
+        "the connection is still open after {:?}",
+        started.elapsed()
+    );
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    trickle.abort();
+}
+
+/// A body that stops arriving: `408` once the body timeout has passed, and the connection
+/// closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_stops_arriving_is_408_after_the_body_timeout() {
+    let (gw, db) = on_db(config(), 2).await;
+    let (read, mut write) = TcpStream::connect(&gw.addr).await.unwrap().into_split();
+    let started = Instant::now();
+    write
+        .write_all(head(Some(&format!("Bearer {ALICE}")), "Content-Length: 40\r\n").as_bytes())
+        .await
+        .unwrap();
+    write.write_all(br#"{"prompt": "#).await.unwrap();
+    let mut read = BufReader::new(read);
+    let (status, head, body) =
+        tokio::time::timeout(Duration::from_millis(600 + 2000), read_response(&mut read))
+            .await
+            .unwrap_or_else(|_| panic!("no answer after {:?}", started.elapsed()))
+            .expect("an answer, not a closed connection");
+    assert_eq!(status, 408, "{head}");
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["type"], "/problems/request-timeout", "{body}");
+    assert!(
+        head.to_ascii_lowercase().contains("connection: close"),
+        "{head}"
+    );
+    assert!(closed_within(&mut read, Duration::from_secs(2)).await);
+    drop(write);
+    assert_eq!(job_count(&db).await, 0);
+}
+
+/// Sends `head` and then up to `bytes` of body (as `chunk` pieces), and waits for the answer,
+/// which must come before the client has sent everything it announced.
+async fn answer_before_the_body_ends(
+    addr: &str,
+    head: String,
+    chunk: Vec<u8>,
+    pieces: usize,
+) -> (u16, String, Value) {
+    let (read, mut write) = TcpStream::connect(addr).await.unwrap().into_split();
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = sent.clone();
+    let writer = tokio::spawn(async move {
+        if write.write_all(head.as_bytes()).await.is_err() {
+            return;
+        }
+        for _ in 0..pieces {
+            if write.write_all(&chunk).await.is_err() {
+                return;
+            }
+            counter.fetch_add(chunk.len(), std::sync::atomic::Ordering::SeqCst);
+        }
+        // Everything sent but the end of the body: hold the connection open.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        drop(write);
+    });
+    let mut read = BufReader::new(read);
+    let answer = tokio::time::timeout(Duration::from_secs(5), read_response(&mut read))
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "no answer after {} bytes of body",
+                sent.load(std::sync::atomic::Ordering::SeqCst)
+            )
+        })
+        .expect("an answer, not a closed connection");
+    writer.abort();
+    let (status, head, body) = answer;
+    let body = serde_json::from_slice(&body)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
+    (status, head, body)
+}
+
+fn chunk(n: usize) -> Vec<u8> {
+    let mut c = format!("{n:x}\r\n").into_bytes();
+    c.extend(std::iter::repeat_n(b' ', n));
+    c.extend_from_slice(b"\r\n");
+    c
+}
+
+/// A huge body from a caller who is not authenticated is never read: `401` as soon as the
+/// head is in, while the client is still sending (with a Content-Length of 100 MiB, and
+/// chunked), and the gateway takes nothing of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_body_without_valid_credentials_is_401_before_it_is_read() {
+    let (gw, db) = on_db(config(), 2).await;
+    let hundred_mib = "Content-Length: 104857600\r\n";
+    let chunked = "Transfer-Encoding: chunked\r\n";
+    for (auth, framing, piece) in [
+        (Some("Bearer nobody"), hundred_mib, vec![b' '; 64 * 1024]),
+        (None, hundred_mib, vec![b' '; 64 * 1024]),
+        (Some("Bearer nobody"), chunked, chunk(64 * 1024)),
+        (Some("Basic YWxpY2U6eA=="), chunked, chunk(64 * 1024)),
+    ] {
+        let (status, head, body) =
+            answer_before_the_body_ends(&gw.addr, head(auth, framing), piece, 16).await;
+        assert_eq!(status, 401, "{auth:?} {framing:?}: {head}{body}");
+        assert_eq!(body["type"], "/problems/unauthorized", "{body}");
+        assert!(
+            head.to_ascii_lowercase().contains("connection: close"),
+            "{head}"
+        );
+    }
+    assert_eq!(job_count(&db).await, 0);
+}
+
+/// An authenticated body over the size limit: `413` at once when its Content-Length says so,
+/// and as soon as the limit is passed when it is chunked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_limit_is_413() {
+    let mut cfg = config();
+    cfg.http.max_body_bytes = 256 * 1024;
+    let (gw, db) = on_db(cfg, 2).await;
+    let alice = format!("Bearer {ALICE}");
+    for (framing, piece, pieces) in [
+        ("Content-Length: 104857600\r\n", vec![b' '; 64 * 1024], 2),
+        ("Transfer-Encoding: chunked\r\n", chunk(64 * 1024), 8),
+    ] {
+        let (status, head, body) =
+            answer_before_the_body_ends(&gw.addr, self::head(Some(&alice), framing), piece, pieces)
+                .await;
+        assert_eq!(status, 413, "{framing:?}: {head}{body}");
+        assert_eq!(body["type"], "/problems/payload-too-large", "{body}");
+    }
+    // At the limit: read, and refused by nobody.
+    let mut body = br#"{"pad": ""#.to_vec();
+    body.resize(256 * 1024 - 2, b' ');
+    body.extend_from_slice(br#""}"#);
+    let res = gw
+        .http
+        .post(format!("{}/jobs", gw.base))
+        .header("authorization", &alice)
+        .header("idempotency-key", "\"at-the-limit\"")
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 201);
+    assert_eq!(job_count(&db).await, 1);
+}
+
+/// Two `Authorization` headers (or two `Content-Type`s, or two Idempotency-Keys) are refused:
+/// `400`, never the first one silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_headers_are_400() {
+    let (gw, db) = on_db(config(), 2).await;
+    let alice = format!("Bearer {ALICE}");
+    let cases: [(&str, &[(&str, &str)]); 4] = [
+        (
+            "two Authorization, the first valid",
+            &[
+                ("authorization", &alice),
+                ("authorization", "Bearer nobody"),
+            ],
+        ),
+        (
+            "two Authorization, the same",
+            &[("authorization", &alice), ("authorization", &alice)],
+        ),
+        (
+            "two Content-Type",
+            &[
+                ("authorization", &alice),
+                ("content-type", "application/json"),
+            ],
+        ),
+        (
+            "two Idempotency-Key",
+            &[("authorization", &alice), ("idempotency-key", "\"k\"")],
+        ),
+    ];
+    for (what, headers) in cases {
+        let mut req = gw
+            .http
+            .post(format!("{}/jobs", gw.base))
+            .header("idempotency-key", "\"k\"")
+            .header("content-type", "application/json")
+            .body("{}");
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let r = read(req.send().await.unwrap()).await;
+        assert_eq!(r.status, 400, "{what}: {r:?}");
+        assert_eq!(
+            r.header("content-type"),
+            Some("application/problem+json"),
+            "{what}"
+        );
+        let expected = if what.contains("Idempotency") {
+            "/problems/idempotency-key-malformed"
+        } else {
+            "/problems/header-repeated"
+        };
+        assert_eq!(r.body["type"], expected, "{what}: {r:?}");
+    }
+    // GET too.
+    let res = gw
+        .http
+        .get(format!("{}/jobs/{}", gw.base, Uuid::nil()))
+        .header("authorization", &alice)
+        .header("authorization", &alice)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 400);
+    assert_eq!(job_count(&db).await, 0);
 }
 
 fn signal(pid: u32, name: &str) {
