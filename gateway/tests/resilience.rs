@@ -1,9 +1,11 @@
 //! The gateway when things go wrong: the database stops answering, refuses for a moment or is
-//! slow; the client is slow or sends too much. Real HTTP over loopback and a real cluster.
+//! slow; the client is slow or sends too much; the process is told to stop. Real HTTP over
+//! loopback, a real cluster, and for the signals the gateway binary as a real process.
 
 mod common;
 
 use std::collections::HashMap;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::{TestDb, eventually, gateway_db};
@@ -689,6 +691,9 @@ async fn repeated_headers_are_400() {
     assert_eq!(job_count(&db).await, 0);
 }
 
+// ---------------------------------------------------------------------------------------------
+// SIGTERM and SIGINT: the gateway binary as a real process.
+
 fn signal(pid: u32, name: &str) {
     let status = std::process::Command::new("kill")
         .arg(format!("-{name}"))
@@ -696,4 +701,203 @@ fn signal(pid: u32, name: &str) {
         .status()
         .expect("run kill");
     assert!(status.success(), "kill -{name} {pid}");
+}
+
+/// The shutdown grace of the process in the signal tests.
+const GRACE: Duration = Duration::from_secs(3);
+
+/// The gateway binary, serving `db` on a port of its choosing, with its worker.
+struct Process {
+    child: tokio::process::Child,
+    addr: String,
+    log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Process {
+    async fn start(db: &TestDb) -> Process {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_pg_intent_gateway"))
+            .env("DATABASE_URL", db.cluster.conn_str_as(&db.name, "gateway"))
+            .env("GATEWAY_LISTEN", "127.0.0.1:0")
+            .env("GATEWAY_TOKENS", format!("{ALICE}=alice"))
+            .env("GATEWAY_PROVIDERS", "gpu-a")
+            .env("GATEWAY_GRACE", format!("{}s", GRACE.as_secs()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start the gateway binary");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let addr = loop {
+            let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+                .await
+                .expect("the gateway says where it listens")
+                .unwrap()
+                .unwrap_or_else(|| panic!("the gateway exited: {}", log.lock().unwrap()));
+            log.lock().unwrap().push_str(&format!("{line}\n"));
+            if let Some(addr) = line.split("listening on ").nth(1) {
+                break addr.trim().to_string();
+            }
+        };
+        let collected = log.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                collected.lock().unwrap().push_str(&format!("{line}\n"));
+            }
+        });
+        Process { child, addr, log }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+async fn post_to(addr: &str, key: &str, body: &Value) -> Result<Resp, reqwest::Error> {
+    let res = reqwest::Client::new()
+        .post(format!("http://{addr}/jobs"))
+        .header("authorization", format!("Bearer {ALICE}"))
+        .header("idempotency-key", format!("\"{key}\""))
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(body).unwrap())
+        .timeout(Duration::from_secs(20))
+        .send()
+        .await?;
+    Ok(read(res).await)
+}
+
+/// On `sig`, the gateway stops accepting connections, finishes the request in flight, lets the
+/// attempt that ends within the grace period finish, marks the other `unknown` with the
+/// shutdown reason, and exits 0 — all within the grace period and a margin.
+async fn drains_on(sig: &str) {
+    let db = gateway_db().await;
+    let mut gw = Process::start(&db).await;
+    let long = post_to(&gw.addr, "long", &json!({"work_ms": 60_000}))
+        .await
+        .unwrap();
+    let short = post_to(&gw.addr, "short", &json!({"work_ms": 1_200}))
+        .await
+        .unwrap();
+    assert_eq!(
+        (long.status, short.status),
+        (201, 201),
+        "{long:?} {short:?}"
+    );
+    let (long, short) = (
+        long.body["job_id"]
+            .as_str()
+            .unwrap()
+            .parse::<Uuid>()
+            .unwrap(),
+        short.body["job_id"]
+            .as_str()
+            .unwrap()
+            .parse::<Uuid>()
+            .unwrap(),
+    );
+    let c = db.connect().await;
+    let running = eventually(Duration::from_secs(10), || {
+        let c = &c;
+        async move {
+            let n: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM intent.attempts WHERE state = 'started'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            n == 2
+        }
+    })
+    .await;
+    assert!(running, "both attempts start: {}", gw.log());
+
+    // A request in flight when the signal comes: it waits for a lock in the database.
+    let lock = JobsLocked::take(&db).await;
+    let in_flight = {
+        let addr = gw.addr.clone();
+        tokio::spawn(async move { post_to(&addr, "in-flight", &json!({})).await })
+    };
+    gateway_backends_waiting(&db, 1).await;
+    let pid = gw.child.id().unwrap();
+    signal(pid, sig);
+    let signalled = Instant::now();
+
+    // No new connections.
+    let refused = eventually(Duration::from_secs(5), || {
+        let addr = gw.addr.clone();
+        async move { TcpStream::connect(&addr).await.is_err() }
+    })
+    .await;
+    assert!(refused, "still accepting after {sig}: {}", gw.log());
+    lock.release().await;
+    let r = in_flight
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the request in flight was dropped: {e}\n{}", gw.log()));
+    assert_eq!(r.status, 201, "{r:?}");
+
+    let status = tokio::time::timeout(GRACE + Duration::from_secs(8), gw.child.wait())
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "still running {:?} after {sig}: {}",
+                signalled.elapsed(),
+                gw.log()
+            )
+        })
+        .unwrap();
+    assert!(
+        status.success(),
+        "exit status {status:?} after {sig}: {}",
+        gw.log()
+    );
+    let took = signalled.elapsed();
+    assert!(
+        took >= GRACE - Duration::from_millis(200),
+        "exited after {took:?}, before the grace period was over"
+    );
+
+    // The short attempt finished within the grace period; the long one is unknown, with the
+    // shutdown reason; the job created after the signal was not claimed.
+    let state = |job: Uuid| {
+        let c = &c;
+        async move {
+            let s: String = c
+                .query_one("SELECT state::text FROM intent.jobs WHERE id = $1", &[&job])
+                .await
+                .unwrap()
+                .get(0);
+            s
+        }
+    };
+    assert_eq!(state(short).await, "succeeded", "{}", gw.log());
+    assert_eq!(state(long).await, "unknown", "{}", gw.log());
+    let reason: Option<String> = c
+        .query_one(
+            "SELECT e.detail->>'reason' FROM intent.events e JOIN intent.attempts a ON a.id = e.attempt_id
+              WHERE a.job_id = $1 AND e.kind = 'timeout'",
+            &[&long],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        reason.as_deref(),
+        Some(pg_intent_client::runner::SHUTDOWN_REASON)
+    );
+    let in_flight_job = pg_intent_client::job_id("alice", "in-flight").unwrap();
+    assert_eq!(state(in_flight_job).await, "pending");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_and_exits_0() {
+    drains_on("TERM").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_drains_and_exits_0() {
+    drains_on("INT").await;
 }
