@@ -394,8 +394,10 @@ impl Error {
     /// The HTTP status the SPEC pairs with the error, for services that pass it on: 422, 409,
     /// 404 and 400 for the refusals, 400 for any other data exception (SQLSTATE class `22`),
     /// 403 for a missing privilege (`42501`, e.g. a submit for another owner than the one the
-    /// session is bound to), 503 for a connection error or a serialization failure (retry),
-    /// 500 otherwise.
+    /// session is bound to), 503 for a connection error or a transient SQLSTATE (retry later:
+    /// a serialization failure or deadlock, a cancelled statement, a terminated backend, a
+    /// lock timeout, classes `08` and `53`; `pg_intent_protocol::sqlstate::is_transient`), 500
+    /// otherwise.
     pub fn http_status(&self) -> u16 {
         match self {
             Error::Serialize(_) => 400,

@@ -33,13 +33,21 @@ pub enum Kind {
     OutcomeUnknown,
     /// 400: the body is not JSON, or the database refused the input (`22xxx`).
     InvalidRequest,
+    /// 400: a header that must appear once (`Authorization`, `Content-Type`) appears several
+    /// times.
+    HeaderRepeated,
+    /// 413: the body is larger than the gateway reads.
+    PayloadTooLarge,
+    /// 408: the body did not arrive within the body timeout.
+    RequestTimeout,
     /// 415: the body is not `application/json`.
     UnsupportedMediaType,
     /// 404: no such job (for this owner), or no such provider.
     NotFound,
     /// 403: the database refused the owner binding (`42501`).
     Forbidden,
-    /// 503: the database is unreachable or asked for a retry (`40001`).
+    /// 503: the database is unreachable, did not answer in time, or asked for a retry later (a
+    /// transient SQLSTATE: `pg_intent_protocol::sqlstate::is_transient`).
     Unavailable,
     /// 500: anything else.
     Internal,
@@ -47,7 +55,7 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, for the `/problems` pages.
-    pub const ALL: [Kind; 12] = [
+    pub const ALL: [Kind; 15] = [
         Kind::Unauthorized,
         Kind::KeyMissing,
         Kind::KeyMalformed,
@@ -55,6 +63,9 @@ impl Kind {
         Kind::InFlight,
         Kind::OutcomeUnknown,
         Kind::InvalidRequest,
+        Kind::HeaderRepeated,
+        Kind::PayloadTooLarge,
+        Kind::RequestTimeout,
         Kind::UnsupportedMediaType,
         Kind::NotFound,
         Kind::Forbidden,
@@ -72,6 +83,9 @@ impl Kind {
             Kind::InFlight => "request-in-flight",
             Kind::OutcomeUnknown => "outcome-unknown",
             Kind::InvalidRequest => "invalid-request",
+            Kind::HeaderRepeated => "header-repeated",
+            Kind::PayloadTooLarge => "payload-too-large",
+            Kind::RequestTimeout => "request-timeout",
             Kind::UnsupportedMediaType => "unsupported-media-type",
             Kind::NotFound => "not-found",
             Kind::Forbidden => "forbidden",
@@ -84,7 +98,11 @@ impl Kind {
     pub fn status(self) -> StatusCode {
         match self {
             Kind::Unauthorized => StatusCode::UNAUTHORIZED,
-            Kind::KeyMissing | Kind::KeyMalformed | Kind::InvalidRequest => StatusCode::BAD_REQUEST,
+            Kind::KeyMissing | Kind::KeyMalformed | Kind::InvalidRequest | Kind::HeaderRepeated => {
+                StatusCode::BAD_REQUEST
+            }
+            Kind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Kind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Kind::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Kind::InFlight | Kind::OutcomeUnknown => StatusCode::CONFLICT,
             Kind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -107,6 +125,9 @@ impl Kind {
                 "The outcome of the request with this Idempotency-Key is unknown"
             }
             Kind::InvalidRequest => "Invalid request",
+            Kind::HeaderRepeated => "A header that must appear once appears several times",
+            Kind::PayloadTooLarge => "The request body is too large",
+            Kind::RequestTimeout => "The request body did not arrive in time",
             Kind::UnsupportedMediaType => "The body must be application/json",
             Kind::NotFound => "Not found",
             Kind::Forbidden => "Forbidden",
@@ -139,13 +160,22 @@ impl Kind {
             Kind::InvalidRequest => {
                 "The request body must be JSON (at most 1 MiB once stored), and the database refused nothing else. The detail and, when present, the SQLSTATE say what."
             }
+            Kind::HeaderRepeated => {
+                "Send Authorization and Content-Type once each. With two Authorization headers the gateway cannot know who is asking, so it refuses rather than pick one."
+            }
+            Kind::PayloadTooLarge => {
+                "The gateway reads request bodies up to a configured size (2 MiB by default); the database stores params up to 1 MiB. Send a smaller body."
+            }
+            Kind::RequestTimeout => {
+                "The body did not arrive within the gateway's body timeout, and the connection was closed. Nothing was written: send the same request again, with the same Idempotency-Key."
+            }
             Kind::UnsupportedMediaType => "Send the body as Content-Type: application/json.",
             Kind::NotFound => {
                 "There is no such job for the authenticated owner, or no such provider."
             }
             Kind::Forbidden => "The database refused to act for this owner (SQLSTATE 42501).",
             Kind::Unavailable => {
-                "The database is unreachable or asked for a retry. Retry the same request, with the same Idempotency-Key, after Retry-After seconds."
+                "The database is unreachable, did not answer in time, or asked for a retry later (a terminated connection, a cancelled statement, a lock timeout, too many connections, a serialization failure). Whether or not the job was created, it is safe to send the same request again, with the same Idempotency-Key, after Retry-After seconds: the key makes it one job."
             }
             Kind::Internal => "Something unexpected went wrong; the SQLSTATE, if any, says where.",
         }
@@ -204,6 +234,10 @@ impl Problem {
     }
 }
 
+/// `Retry-After` of a `503`, in seconds, unless the gateway's configuration says otherwise
+/// (`Config::unavailable_retry_after`).
+pub const UNAVAILABLE_RETRY_AFTER: u32 = 2;
+
 impl From<Error> for Problem {
     fn from(e: Error) -> Problem {
         let kind = match &e {
@@ -211,10 +245,13 @@ impl From<Error> for Problem {
             Error::NotFound { .. } => Kind::NotFound,
             Error::Connection { .. } => Kind::Unavailable,
             _ if e.is_retryable() => Kind::Unavailable,
+            // The shared table: 503 for every transient SQLSTATE (57P01, 57014, 55P03, 08, 53,
+            // 40P01 …), whichever call it interrupted.
             _ => match e.http_status() {
                 400 => Kind::InvalidRequest,
                 403 => Kind::Forbidden,
                 409 => Kind::InFlight,
+                503 => Kind::Unavailable,
                 _ => Kind::Internal,
             },
         };
@@ -240,7 +277,7 @@ impl From<Error> for Problem {
             p.location = None; // the job is not this request's
         }
         if kind == Kind::Unavailable {
-            p = p.retry_after(1);
+            p = p.retry_after(UNAVAILABLE_RETRY_AFTER);
         }
         p
     }

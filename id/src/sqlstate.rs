@@ -107,15 +107,38 @@ impl SqlState {
     }
 }
 
+/// Whether a SQLSTATE says "not now": the server could not do the work at this moment and the
+/// same request may well succeed later, so a service answers `503` with `Retry-After` (an
+/// idempotent request, such as a submit with its key, is safe to send again):
+///
+/// * class `08`, connection exception;
+/// * `40001` serialization_failure and `40P01` deadlock_detected (retry the transaction);
+/// * class `53`, insufficient resources (`53300` too_many_connections, `53200` out_of_memory,
+///   `53100` disk_full, …);
+/// * `55P03` lock_not_available (`lock_timeout`);
+/// * `57014` query_canceled (`statement_timeout`, `pg_cancel_backend`), `57P01`
+///   admin_shutdown (`pg_terminate_backend`, a fast shutdown), `57P02` crash_shutdown,
+///   `57P03` cannot_connect_now (the server is starting or stopping).
+///
+/// Not `54000` (pg_intent's own limit: the same request fails again) nor `57P04`
+/// database_dropped.
+pub fn is_transient(code: &str) -> bool {
+    matches!(
+        code,
+        "40001" | "40P01" | "55P03" | "57014" | "57P01" | "57P02" | "57P03"
+    ) || code.starts_with("08")
+        || code.starts_with("53")
+}
+
 /// The HTTP status for any SQLSTATE a call can end with: the table's for pg_intent's own,
-/// 503 for a deadlock (retry), 400 for other data exceptions (class `22`: a NUL byte, a
-/// `\u0000` in JSON, a malformed uuid…), 500 otherwise.
+/// 503 for a transient one ([`is_transient`]: retry later), 400 for other data exceptions
+/// (class `22`: a NUL byte, a `\u0000` in JSON, a malformed uuid…), 500 otherwise.
 pub fn http_status(code: &str) -> u16 {
     if let Some(state) = SqlState::from_code(code) {
         return state.http_status();
     }
     match code {
-        "40P01" => 503,
+        c if is_transient(c) => 503,
         c if c.starts_with("22") => 400,
         _ => 500,
     }
@@ -134,5 +157,33 @@ mod tests {
         assert_eq!(http_status("22P02"), 400);
         assert_eq!(http_status("40P01"), 503);
         assert_eq!(http_status("XX000"), 500);
+    }
+
+    #[test]
+    fn transient_codes_are_503() {
+        for code in [
+            "40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03", "08000", "08006",
+            "08P01", "53000", "53100", "53200", "53300", "53400",
+        ] {
+            assert!(is_transient(code), "{code}");
+            assert_eq!(http_status(code), 503, "{code}");
+        }
+        // Not transient: the same request fails again.
+        for (code, status) in [
+            ("54000", 500),
+            ("57P04", 500),
+            ("55000", 500),
+            ("25P02", 500),
+            ("42501", 403),
+            ("IJ003", 409),
+            ("22023", 400),
+        ] {
+            assert!(!is_transient(code), "{code}");
+            assert_eq!(http_status(code), status, "{code}");
+        }
+        // The table agrees: its only 503 is a transient code.
+        for row in SQLSTATES {
+            assert_eq!(row.3 == 503, is_transient(row.1), "{row:?}");
+        }
     }
 }
