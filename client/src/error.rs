@@ -419,22 +419,19 @@ impl Error {
 
     /// Whether the same call may succeed if it is simply made again, on a fresh connection:
     /// the connection failed or closed ([`Error::Connection`]), or the server refused or lost
-    /// the call for a reason outside it — a connection exception (class `08`), insufficient
-    /// resources (`53`), an operator intervention (`57`: the backend was terminated, the server
-    /// is shutting down, a statement timeout or cancel), a system error (`58`), a lock not
-    /// available (`55P03`), a serialization failure or deadlock (`40`). pg_intent's reports
-    /// (`complete_attempt`, `fail_attempt`, `mark_unknown`, `heartbeat`) may be repeated safely;
-    /// a [`crate::Worker`] repeats them on these errors.
+    /// the call for a reason outside it — a connection exception, insufficient resources, the
+    /// backend terminated or the server shutting down, a statement timeout or cancel, a lock
+    /// not available, a serialization failure or deadlock, a server I/O error
+    /// (`pg_intent_protocol::sqlstate::is_transient`, the same list the gateway answers 503
+    /// for). pg_intent's reports (`complete_attempt`, `fail_attempt`, `mark_unknown`,
+    /// `heartbeat`) may be repeated safely; a [`crate::Worker`] repeats them on these errors.
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Connection { .. } => true,
             Error::Unreported(u) => u.error().is_transient(),
-            _ => self.code().is_some_and(|c| {
-                ["08", "40", "53", "57", "58"]
-                    .iter()
-                    .any(|class| c.starts_with(class))
-                    || c == "55P03"
-            }),
+            _ => self
+                .code()
+                .is_some_and(pg_intent_protocol::sqlstate::is_transient),
         }
     }
 }

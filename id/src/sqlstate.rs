@@ -118,14 +118,15 @@ impl SqlState {
 /// * `55P03` lock_not_available (`lock_timeout`);
 /// * `57014` query_canceled (`statement_timeout`, `pg_cancel_backend`), `57P01`
 ///   admin_shutdown (`pg_terminate_backend`, a fast shutdown), `57P02` crash_shutdown,
-///   `57P03` cannot_connect_now (the server is starting or stopping).
+///   `57P03` cannot_connect_now (the server is starting or stopping);
+/// * `58000` system_error and `58030` io_error (the server's own I/O).
 ///
 /// Not `54000` (pg_intent's own limit: the same request fails again) nor `57P04`
 /// database_dropped.
 pub fn is_transient(code: &str) -> bool {
     matches!(
         code,
-        "40001" | "40P01" | "55P03" | "57014" | "57P01" | "57P02" | "57P03"
+        "40001" | "40P01" | "55P03" | "57014" | "57P01" | "57P02" | "57P03" | "58000" | "58030"
     ) || code.starts_with("08")
         || code.starts_with("53")
 }
