@@ -17,7 +17,16 @@
 //! | [`Mode::HallucinatedKey`] | the same plus a top-level key the schema does not have (`reasoning`) |
 //! | [`Mode::IgnoresFormat`] | chatty Markdown prose, whatever the system prompt asked for |
 //! | [`Mode::CheckerRejects`] | schema-valid JSON whose caption does not name the subject |
-//! | [`Mode::ServerError`] | HTTP 503 with an OpenAI-style error body |
+//! | [`Mode::ServerError`] | HTTP 503 with `Retry-After: 1` and an OpenAI-style error body: overloaded, nothing was done |
+//! | [`Mode::RateLimited`] | HTTP 429 with `Retry-After: 2`: rate-limited, nothing was done |
+//! | [`Mode::BadGateway`] | HTTP 502: a gateway lost its upstream, which may have done the work |
+//! | [`Mode::CutsOffBody`] | a well-behaved answer whose body stops halfway (the `Content-Length` promises more) and the connection closes |
+//! | [`Mode::HangsUp`] | nothing: it reads the request, then closes the connection without an answer |
+//! | [`Mode::EndlessBody`] | HTTP 200 and a chat completion whose content never ends (a body without end, sent in chunks) |
+//!
+//! Independently of the mode, [`TestProvider::set_delay`] makes it answer late: a slow model,
+//! still generating when the client gives up. The request is recorded when it arrives, before
+//! the delay.
 //!
 //! ```no_run
 //! # async fn f() -> std::io::Result<()> {
@@ -31,13 +40,17 @@
 
 use std::convert::Infallible;
 use std::fmt;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::{Bytes, Incoming};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -62,18 +75,35 @@ pub enum Mode {
     /// Schema-valid JSON that business logic cannot use: the caption does not name the subject,
     /// so the contract's checker rejects it.
     CheckerRejects,
-    /// Answers HTTP 503 (overloaded) to every request.
+    /// Answers HTTP 503 (overloaded) with `Retry-After: 1` to every request: a deliberate
+    /// refusal, before any work.
     ServerError,
+    /// Answers HTTP 429 (rate-limited) with `Retry-After: 2` to every request.
+    RateLimited,
+    /// Answers HTTP 502 (bad gateway) to every request: what a proxy says when its upstream
+    /// failed, possibly after doing the work.
+    BadGateway,
+    /// Starts a well-behaved answer, then closes the connection halfway through the body.
+    CutsOffBody,
+    /// Reads the request, then closes the connection without answering.
+    HangsUp,
+    /// Answers HTTP 200 with a body that never ends.
+    EndlessBody,
 }
 
 impl Mode {
     /// Every mode.
-    pub const ALL: [Mode; 5] = [
+    pub const ALL: [Mode; 10] = [
         Mode::WellBehaved,
         Mode::HallucinatedKey,
         Mode::IgnoresFormat,
         Mode::CheckerRejects,
         Mode::ServerError,
+        Mode::RateLimited,
+        Mode::BadGateway,
+        Mode::CutsOffBody,
+        Mode::HangsUp,
+        Mode::EndlessBody,
     ];
 
     /// The mode's name on the command line: `well-behaved`, `hallucinated-key`, ….
@@ -84,6 +114,11 @@ impl Mode {
             Mode::IgnoresFormat => "ignores-format",
             Mode::CheckerRejects => "checker-rejects",
             Mode::ServerError => "server-error",
+            Mode::RateLimited => "rate-limited",
+            Mode::BadGateway => "bad-gateway",
+            Mode::CutsOffBody => "cuts-off-body",
+            Mode::HangsUp => "hangs-up",
+            Mode::EndlessBody => "endless-body",
         }
     }
 }
@@ -132,12 +167,27 @@ pub struct Received {
 pub enum Answer {
     /// `choices[0].message.content`.
     Content(String),
+    /// The chat completion of this content, but its body stops halfway and the connection
+    /// closes.
+    CutOff(String),
+    /// No answer: the connection closes.
+    HangUp,
+    /// A chat completion whose content never ends.
+    Endless,
     /// An HTTP error status and its message.
-    Error(u16, String),
+    Error {
+        /// The HTTP status.
+        status: u16,
+        /// The OpenAI-style error message.
+        message: String,
+        /// The `Retry-After` header (seconds), if sent.
+        retry_after: Option<u64>,
+    },
 }
 
 struct State {
     mode: Mutex<Mode>,
+    delay: Mutex<Duration>,
     requests: Mutex<Vec<Received>>,
     served: AtomicU64,
 }
@@ -170,6 +220,7 @@ impl TestProvider {
         let addr = listener.local_addr()?;
         let state = Arc::new(State {
             mode: Mutex::new(mode),
+            delay: Mutex::new(Duration::ZERO),
             requests: Mutex::new(Vec::new()),
             served: AtomicU64::new(0),
         });
@@ -204,6 +255,17 @@ impl TestProvider {
             .mode
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = mode;
+    }
+
+    /// Answers every next request only `delay` after it arrived (zero: at once): a slow model.
+    /// The request is recorded on arrival, so [`TestProvider::requests`] shows it while the
+    /// answer is still to come.
+    pub fn set_delay(&self, delay: Duration) {
+        *self
+            .state
+            .delay
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = delay;
     }
 
     /// The chat-completions requests received so far, in order.
@@ -242,11 +304,71 @@ async fn accept(listener: TcpListener, state: Arc<State>) {
     }
 }
 
-fn respond(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
+/// A response body: whole, cut off halfway, or without end.
+enum Reply {
+    /// The whole body (taken when sent).
+    Full(Option<Bytes>),
+    /// The first part of a body of `len` bytes, a pause (so that it is sent), then an error:
+    /// hyper closes the connection. Without a head, the error comes first and hyper closes the
+    /// connection before the response's head is sent.
+    CutOff {
+        head: Option<Bytes>,
+        len: u64,
+        pause: Option<Pin<Box<tokio::time::Sleep>>>,
+    },
+    /// The start of a chat completion, then content forever.
+    Endless { head: Option<Bytes> },
+}
+
+/// One chunk of [`Reply::Endless`]'s content.
+const ENDLESS_CHUNK: &[u8] = &[b'x'; 16 * 1024];
+
+impl Body for Reply {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        Poll::Ready(match self.get_mut() {
+            Reply::Full(body) => body.take().map(|b| Ok(Frame::data(b))),
+            Reply::CutOff { head, pause, .. } => {
+                if let Some(h) = head.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(h))));
+                }
+                if let Some(p) = pause {
+                    std::task::ready!(p.as_mut().poll(cx));
+                }
+                Some(Err(std::io::Error::other(
+                    "the test provider cuts the body off",
+                )))
+            }
+            Reply::Endless { head } => Some(Ok(Frame::data(
+                head.take()
+                    .unwrap_or_else(|| Bytes::from_static(ENDLESS_CHUNK)),
+            ))),
+        })
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self, Reply::Full(None))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Reply::Full(body) => SizeHint::with_exact(body.as_ref().map_or(0, |b| b.len() as u64)),
+            Reply::CutOff { len, .. } => SizeHint::with_exact(*len),
+            Reply::Endless { .. } => SizeHint::default(),
+        }
+    }
+}
+
+fn respond(status: StatusCode, body: &Value) -> Response<Reply> {
     Response::builder()
         .status(status)
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
+        .body(Reply::Full(Some(Bytes::from(body.to_string()))))
         .expect("a valid response")
 }
 
@@ -254,10 +376,7 @@ fn error_body(message: &str, kind: &str) -> Value {
     json!({"error": {"message": message, "type": kind, "param": null, "code": null}})
 }
 
-async fn handle(
-    state: Arc<State>,
-    req: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Reply>, Infallible> {
     let (parts, body) = req.into_parts();
     if parts.uri.path().trim_end_matches('/') != "/v1/chat/completions" {
         let message = format!("no route for {}", parts.uri.path());
@@ -307,33 +426,77 @@ async fn handle(
         .unwrap_or_else(PoisonError::into_inner)
         .push(received);
     let n = state.served.fetch_add(1, Ordering::Relaxed) + 1;
+    let delay = *state.delay.lock().unwrap_or_else(PoisonError::into_inner);
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    let completion = |content: &str| {
+        let completion_chars = content.chars().count();
+        json!({
+            "id": format!("chatcmpl-test-{n}"),
+            "object": "chat.completion",
+            "created": 0,
+            "model": model,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": "stop"
+            }],
+            "usage": {
+                "prompt_tokens": prompt_chars / 4,
+                "completion_tokens": completion_chars / 4,
+                "total_tokens": (prompt_chars + completion_chars) / 4
+            }
+        })
+    };
     Ok(match answer {
-        Answer::Content(content) => {
-            let completion_chars = content.chars().count();
-            respond(
-                StatusCode::OK,
-                &json!({
-                    "id": format!("chatcmpl-test-{n}"),
-                    "object": "chat.completion",
-                    "created": 0,
-                    "model": model,
-                    "choices": [{
-                        "index": 0,
-                        "message": {"role": "assistant", "content": content},
-                        "finish_reason": "stop"
-                    }],
-                    "usage": {
-                        "prompt_tokens": prompt_chars / 4,
-                        "completion_tokens": completion_chars / 4,
-                        "total_tokens": (prompt_chars + completion_chars) / 4
-                    }
-                }),
-            )
+        Answer::Content(content) => respond(StatusCode::OK, &completion(&content)),
+        Answer::CutOff(content) => {
+            let whole = Bytes::from(completion(&content).to_string());
+            let len = whole.len() as u64;
+            let mut response = respond(StatusCode::OK, &Value::Null);
+            *response.body_mut() = Reply::CutOff {
+                head: Some(whole.slice(..whole.len() / 2)),
+                len,
+                pause: Some(Box::pin(tokio::time::sleep(Duration::from_millis(50)))),
+            };
+            response
         }
-        Answer::Error(status, message) => respond(
-            StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-            &error_body(&message, "server_error"),
-        ),
+        Answer::HangUp => {
+            let mut response = respond(StatusCode::OK, &Value::Null);
+            *response.body_mut() = Reply::CutOff {
+                head: None,
+                len: 1,
+                pause: None,
+            };
+            response
+        }
+        Answer::Endless => {
+            let mut response = respond(StatusCode::OK, &Value::Null);
+            let head = format!(
+                "{{\"id\": \"chatcmpl-test-{n}\", \"object\": \"chat.completion\", \"choices\": [{{\"index\": 0, \"message\": {{\"role\": \"assistant\", \"content\": \""
+            );
+            *response.body_mut() = Reply::Endless {
+                head: Some(Bytes::from(head)),
+            };
+            response
+        }
+        Answer::Error {
+            status,
+            message,
+            retry_after,
+        } => {
+            let mut response = respond(
+                StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                &error_body(&message, "server_error"),
+            );
+            if let Some(secs) = retry_after {
+                response
+                    .headers_mut()
+                    .insert(hyper::header::RETRY_AFTER, secs.into());
+            }
+            response
+        }
     })
 }
 
@@ -391,12 +554,31 @@ pub fn answer(mode: Mode, system: &str, user: &str) -> Answer {
     let schema = schema_in(system);
     let naming = format!("A photo of {subject}.");
     match (mode, schema) {
-        (Mode::ServerError, _) => Answer::Error(503, "the model is overloaded".into()),
+        (Mode::ServerError, _) => Answer::Error {
+            status: 503,
+            message: "the model is overloaded".into(),
+            retry_after: Some(1),
+        },
+        (Mode::RateLimited, _) => Answer::Error {
+            status: 429,
+            message: "rate limit reached for requests".into(),
+            retry_after: Some(2),
+        },
+        (Mode::BadGateway, _) => Answer::Error {
+            status: 502,
+            message: "upstream connect error or disconnect/reset before headers".into(),
+            retry_after: None,
+        },
+        (Mode::EndlessBody, _) => Answer::Endless,
+        (Mode::HangsUp, _) => Answer::HangUp,
         (Mode::IgnoresFormat, _) | (_, None) => Answer::Content(format!(
             "Sure! Here is a caption for **{subject}**:\n\n> {naming}\n\nLet me know if you would like another one."
         )),
         (Mode::WellBehaved, Some(schema)) => {
             Answer::Content(Value::Object(instance(&schema, &subject, &naming)).to_string())
+        }
+        (Mode::CutsOffBody, Some(schema)) => {
+            Answer::CutOff(Value::Object(instance(&schema, &subject, &naming)).to_string())
         }
         (Mode::HallucinatedKey, Some(schema)) => {
             let mut object = instance(&schema, &subject, &naming);
@@ -595,8 +777,34 @@ mod tests {
         assert_eq!(lazy["subject"], "a red fox");
         assert!(matches!(
             answer(Mode::ServerError, &system, &user),
-            Answer::Error(503, _)
+            Answer::Error {
+                status: 503,
+                retry_after: Some(1),
+                ..
+            }
         ));
+        assert!(matches!(
+            answer(Mode::RateLimited, &system, &user),
+            Answer::Error {
+                status: 429,
+                retry_after: Some(2),
+                ..
+            }
+        ));
+        assert!(matches!(
+            answer(Mode::BadGateway, &system, &user),
+            Answer::Error {
+                status: 502,
+                retry_after: None,
+                ..
+            }
+        ));
+        assert!(matches!(
+            answer(Mode::CutsOffBody, &system, &user),
+            Answer::CutOff(c) if c.contains("red fox")
+        ));
+        assert_eq!(answer(Mode::EndlessBody, &system, &user), Answer::Endless);
+        assert_eq!(answer(Mode::HangsUp, &system, &user), Answer::HangUp);
         // No format asked for: even a well-behaved model answers in prose.
         let Answer::Content(prose) = answer(Mode::WellBehaved, "Be helpful.", &user) else {
             panic!()
