@@ -16,8 +16,8 @@ use std::time::{Duration, SystemTime};
 
 use db::TestDb;
 use pg_intent_client::harness::{
-    self, ContractSuite, Failure, OpenAiCompatible, Prompt, Provider, ProviderError, Request,
-    RunOptions, Verdict,
+    self, ContractSuite, Delivery, Failure, OpenAiCompatible, Prompt, Provider, ProviderError,
+    Request, RunError, RunOptions, Verdict,
 };
 use pg_intent_client::{
     self as intent, Attempt, AttemptState, BeginOptions, Completion, Connection, Error, Failover,
@@ -96,14 +96,13 @@ impl Fleet {
 }
 
 /// What a worker does with a provider: the suite's round trip. Prose that is not JSON is
-/// stored as it came (a JSON string), for the contract to judge; an error status is a definite,
-/// retryable failure.
-async fn answer(provider: &OpenAiCompatible, input: &Value) -> Result<Value, WorkError<String>> {
+/// stored as it came (a JSON string), for the contract to judge; every other failure is
+/// reported by `Failure::into_work_error` (a 503 with Retry-After: failed, retryable).
+async fn answer(provider: &OpenAiCompatible, input: &Value) -> Result<Value, WorkError<Value>> {
     match suite().ask(provider, input, &options()).await {
         Ok(output) => Ok(output),
         Err(Failure::NotJson { raw, .. }) => Ok(Value::String(raw)),
-        Err(Failure::Timeout(_)) => Err(WorkError::unknown("the provider did not answer")),
-        Err(other) => Err(WorkError::retryable(other.to_string())),
+        Err(other) => Err(other.into_work_error(provider.name())),
     }
 }
 
@@ -159,7 +158,8 @@ async fn primary_fails(db: &Connection, fleet: &Fleet, job: Uuid, input: &Value)
         panic!("{run:?}")
     };
     assert_eq!(job_state, JobState::Pending);
-    assert!(error.contains("HTTP 503"), "{error}");
+    assert_eq!(error["status"], 503, "{error}");
+    assert_eq!(error["delivery"], "refused", "{error}");
 }
 
 #[tokio::test]
@@ -292,6 +292,7 @@ async fn the_harness_certifies_the_well_behaved_provider_and_refuses_the_others(
                 &f,
                 Failure::Provider(ProviderError {
                     status: Some(503),
+                    delivery: Delivery::Refused,
                     ..
                 })
             ),
@@ -678,7 +679,10 @@ async fn the_harness_records_nothing_it_cannot_show() {
     let err = harness::run(&db, fleet.provider("gpu-good"), &typo, &options())
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::InvalidInput { .. }), "{err:?}");
+    assert!(
+        matches!(err, RunError::Database(Error::InvalidInput { .. })),
+        "{err:?}"
+    );
     assert!(fleet.server("gpu-good").requests().is_empty());
 
     // Nothing to show: no cases, or no runs.
@@ -710,7 +714,11 @@ async fn the_harness_records_nothing_it_cannot_show() {
     assert!(
         matches!(
             r.cases[0].first_failure(),
-            Some(Failure::Provider(ProviderError { status: None, .. }))
+            Some(Failure::Provider(ProviderError {
+                status: None,
+                delivery: Delivery::NotSent,
+                ..
+            }))
         ),
         "{:?}",
         r.cases[0]

@@ -1,33 +1,61 @@
 //! A [`Provider`] for any OpenAI-compatible chat-completions API (feature `openai`).
 
 use std::fmt;
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::{Provider, ProviderError, Request};
+use super::{Delivery, Provider, ProviderError, Request, check_temperature, redact_url};
+
+/// How much of an error answer's body is read (and at most [`ERROR_BODY_CHARS`] of it kept).
+const ERROR_BODY_BYTES: usize = 64 * 1024;
 
 /// How much of an error answer's body is kept in a [`ProviderError`].
 const ERROR_BODY_CHARS: usize = 500;
+
+/// The most bytes of an answer [`OpenAiCompatible`] reads unless told otherwise: 8 MiB, far
+/// above any chat completion a contract could accept (results are at most 1 MiB).
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 8 << 20;
+
+/// How long [`OpenAiCompatible::new`]'s client may take to connect: 10 seconds. A provider that
+/// cannot be reached within it fails as [`Delivery::NotSent`], before a call timeout (whose
+/// outcome is unknown) would.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A provider behind an OpenAI-compatible API: `POST {base_url}/v1/chat/completions` with a
 /// system and a user message, answering `choices[0].message.content`.
 ///
 /// Plain HTTP and HTTPS (rustls with the webpki roots; no OpenSSL). A `base_url` that already
 /// ends in `/v1` is used as it is (`https://api.example.com/v1` and `https://api.example.com`
-/// name the same endpoint).
+/// name the same endpoint); a query string stays at the end.
+///
+/// Credentials in the URL (`https://user:secret@host/`, `?api-key=…`) are sent, and shown
+/// nowhere: [`OpenAiCompatible::endpoint`], the evidence, `Debug` and `Display` show the URL
+/// through [`redact_url`], the API key is never shown, and transport errors lose their URL.
+///
+/// Answers are read up to [`OpenAiCompatible::max_response_bytes`] (default
+/// [`DEFAULT_MAX_RESPONSE_BYTES`]): a larger one fails as [`Delivery::Answered`] ("larger than
+/// …") as soon as its `Content-Length`, or the bytes read so far, pass the limit, without
+/// buffering the rest.
 ///
 /// ```
 /// use pg_intent_client::harness::{OpenAiCompatible, Provider};
 /// let p = OpenAiCompatible::new("gpu-b", "http://127.0.0.1:8089/", "captioner-2");
 /// assert_eq!(p.endpoint(), "http://127.0.0.1:8089/v1/chat/completions");
 /// assert_eq!(p.settings()["model"], "captioner-2");
+/// let q = OpenAiCompatible::new("gpu-c", "https://me:pw@api.example.com/v1?key=sk-1", "m");
+/// assert_eq!(q.endpoint(), "https://redacted@api.example.com/v1/chat/completions?key=redacted");
 /// ```
 #[derive(Clone)]
 pub struct OpenAiCompatible {
     name: String,
+    /// The URL requests are posted to, credentials and all.
+    url: String,
+    /// `url` as shown: [`redact_url`].
     endpoint: String,
     model: String,
     api_key: Option<String>,
+    max_response_bytes: usize,
     http: reqwest::Client,
 }
 
@@ -38,8 +66,59 @@ impl fmt::Debug for OpenAiCompatible {
             .field("endpoint", &self.endpoint)
             .field("model", &self.model)
             .field("api_key", &self.api_key.as_ref().map(|_| "…"))
+            .field("max_response_bytes", &self.max_response_bytes)
             .finish_non_exhaustive()
     }
+}
+
+impl fmt::Display for OpenAiCompatible {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({} at {})", self.name, self.model, self.endpoint)
+    }
+}
+
+/// `{base}/v1/chat/completions`, the query string kept at the end and the fragment dropped.
+fn endpoint_of(base_url: &str) -> String {
+    let base = base_url.split_once('#').map_or(base_url, |(b, _)| b);
+    let (base, query) = match base.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (base, None),
+    };
+    let base = base.trim_end_matches('/');
+    let mut url = if base.ends_with("/v1") {
+        format!("{base}/chat/completions")
+    } else {
+        format!("{base}/v1/chat/completions")
+    };
+    if let Some(query) = query {
+        url.push('?');
+        url.push_str(query);
+    }
+    url
+}
+
+/// The secrets of a URL that a provider's error text might echo: the userinfo's password and
+/// the query values.
+fn url_secrets(url: &str) -> Vec<String> {
+    let mut secrets = Vec::new();
+    let before_query = url.split(['?', '#']).next().unwrap_or("");
+    let authority = before_query
+        .split_once("://")
+        .map_or(before_query, |(_, a)| a)
+        .split('/')
+        .next()
+        .unwrap_or("");
+    if let Some((userinfo, _)) = authority.rsplit_once('@') {
+        secrets.extend(userinfo.split(':').map(str::to_string));
+    }
+    if let Some((_, query)) = url.split_once('?') {
+        let query = query.split('#').next().unwrap_or("");
+        for pair in query.split('&') {
+            secrets.push(pair.split_once('=').map_or(pair, |(_, v)| v).to_string());
+        }
+    }
+    secrets.retain(|s| s.len() >= 4);
+    secrets
 }
 
 impl OpenAiCompatible {
@@ -50,34 +129,41 @@ impl OpenAiCompatible {
     /// If the TLS backend cannot be initialised (as `reqwest::Client::new` does); supply your
     /// own client with [`OpenAiCompatible::with_client`] to handle that.
     pub fn new(name: impl Into<String>, base_url: &str, model: impl Into<String>) -> Self {
-        let base = base_url.trim_end_matches('/');
-        let endpoint = if base.ends_with("/v1") {
-            format!("{base}/chat/completions")
-        } else {
-            format!("{base}/v1/chat/completions")
-        };
+        let url = endpoint_of(base_url);
         OpenAiCompatible {
             name: name.into(),
-            endpoint,
+            endpoint: redact_url(&url),
+            url,
             model: model.into(),
             api_key: None,
-            http: reqwest::Client::new(),
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            http: reqwest::Client::builder()
+                .connect_timeout(DEFAULT_CONNECT_TIMEOUT)
+                .build()
+                .expect("the TLS backend initialises"),
         }
     }
 
-    /// Sends `Authorization: Bearer {key}` (never recorded in the evidence).
+    /// Sends `Authorization: Bearer {key}` (never shown or recorded).
     pub fn api_key(mut self, key: impl Into<String>) -> Self {
         self.api_key = Some(key.into());
         self
     }
 
-    /// Uses `client` for the requests (its proxies, timeouts, certificates).
+    /// Uses `client` for the requests (its proxies, timeouts, certificates). Give it a connect
+    /// timeout (as [`DEFAULT_CONNECT_TIMEOUT`]) shorter than the call timeout.
     pub fn with_client(mut self, client: reqwest::Client) -> Self {
         self.http = client;
         self
     }
 
-    /// The URL requests are posted to.
+    /// Reads at most `bytes` of an answer (default [`DEFAULT_MAX_RESPONSE_BYTES`]).
+    pub fn max_response_bytes(mut self, bytes: usize) -> Self {
+        self.max_response_bytes = bytes;
+        self
+    }
+
+    /// The URL requests are posted to, as shown ([`redact_url`]: without credentials).
     pub fn endpoint(&self) -> &str {
         &self.endpoint
     }
@@ -105,6 +191,46 @@ impl OpenAiCompatible {
         }
         body
     }
+
+    /// `text` with every credential this provider holds replaced.
+    fn scrub(&self, text: &str) -> String {
+        let mut text = text.to_string();
+        let mut secrets = url_secrets(&self.url);
+        secrets.extend(self.api_key.iter().filter(|k| !k.is_empty()).cloned());
+        for secret in secrets {
+            text = text.replace(&secret, "redacted");
+        }
+        text
+    }
+
+    /// A transport error, by which side of "sent" it happened on.
+    fn transport_error(&self, e: reqwest::Error, reading_body: bool) -> ProviderError {
+        // reqwest's message names the URL, credentials and all.
+        let e = e.without_url();
+        let delivery = if reading_body {
+            // The provider answered and the body broke off: it did the work, and we lost it.
+            Delivery::Unknown
+        } else if e.is_builder() || e.is_connect() {
+            Delivery::NotSent
+        } else if e.is_redirect() {
+            // Every answer was a redirect: nobody processed it.
+            Delivery::Refused
+        } else {
+            // Sent, or maybe sent: a timeout, a reset, a closed connection.
+            Delivery::Unknown
+        };
+        let message = self.scrub(&with_causes(&e));
+        let mut error = match delivery {
+            Delivery::NotSent => ProviderError::not_sent(message),
+            Delivery::Refused => ProviderError::refused(message),
+            Delivery::Answered => ProviderError::answered(message),
+            Delivery::Unknown => ProviderError::unknown(message),
+        };
+        if reading_body {
+            error.message = format!("the answer broke off: {}", error.message);
+        }
+        error.with_source(e)
+    }
 }
 
 /// An error with its causes, as one line (reqwest's own message hides them).
@@ -119,6 +245,36 @@ fn with_causes(e: &dyn std::error::Error) -> String {
     text
 }
 
+/// `Retry-After` in seconds (an HTTP date is taken as present, of unknown length).
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Option<Duration>> {
+    let value = headers.get(reqwest::header::RETRY_AFTER)?;
+    Some(
+        value
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs),
+    )
+}
+
+/// Reads the body, at most `limit` bytes: `Ok(Err(()))` when it is longer.
+async fn read_at_most(
+    response: &mut reqwest::Response,
+    limit: usize,
+) -> Result<Result<Vec<u8>, ()>, reqwest::Error> {
+    if response.content_length().is_some_and(|n| n > limit as u64) {
+        return Ok(Err(()));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        if body.len() + chunk.len() > limit {
+            return Ok(Err(()));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Ok(body))
+}
+
 impl Provider for OpenAiCompatible {
     fn name(&self) -> &str {
         &self.name
@@ -130,30 +286,36 @@ impl Provider for OpenAiCompatible {
             "endpoint": self.endpoint,
             "model": self.model,
             "authenticated": self.api_key.is_some(),
+            "max_response_bytes": self.max_response_bytes,
         })
     }
 
     async fn call(&self, request: &Request) -> Result<String, ProviderError> {
-        let body = serde_json::to_vec(&self.body(request))
-            .map_err(|e| ProviderError::new(format!("could not encode the request: {e}")))?;
+        check_temperature(request.temperature).map_err(ProviderError::not_sent)?;
+        let body = serde_json::to_vec(&self.body(request)).map_err(|e| {
+            ProviderError::not_sent(format!("could not encode the request: {e}")).with_source(e)
+        })?;
         let mut post = self
             .http
-            .post(&self.endpoint)
+            .post(&self.url)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body);
         if let Some(key) = &self.api_key {
             post = post.bearer_auth(key);
         }
-        let response = post
+        let mut response = post
             .send()
             .await
-            .map_err(|e| ProviderError::new(with_causes(&e)))?;
+            .map_err(|e| self.transport_error(e, false))?;
         let status = response.status();
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| ProviderError::new(with_causes(&e)))?;
+        let retry_after = retry_after(response.headers());
         if !status.is_success() {
+            // The status is the answer; the body only explains it, so a body that breaks off
+            // or runs long changes nothing (the start is kept).
+            let bytes = match read_at_most(&mut response, ERROR_BODY_BYTES).await {
+                Ok(Ok(bytes)) => bytes,
+                _ => Vec::new(),
+            };
             // OpenAI-style errors say {"error": {"message": …}}; otherwise keep the body's start.
             let message = serde_json::from_slice::<Value>(&bytes)
                 .ok()
@@ -164,15 +326,46 @@ impl Provider for OpenAiCompatible {
                         .take(ERROR_BODY_CHARS)
                         .collect()
                 });
-            return Err(ProviderError::http(status.as_u16(), message));
+            let error = ProviderError::http(status.as_u16(), self.scrub(&message));
+            return Err(match retry_after {
+                Some(Some(after)) => error.retry_after(after),
+                Some(None) => ProviderError {
+                    delivery: Delivery::of_status(status.as_u16(), true),
+                    ..error
+                },
+                None => error,
+            });
         }
-        let answer: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| ProviderError::new(format!("the answer is not a chat completion: {e}")))?;
+        let bytes = match read_at_most(&mut response, self.max_response_bytes).await {
+            Ok(Ok(bytes)) => bytes,
+            Ok(Err(())) => {
+                return Err(ProviderError::answered(format!(
+                    "the answer is larger than {} bytes (max_response_bytes)",
+                    self.max_response_bytes
+                ))
+                .with_status(status.as_u16()));
+            }
+            Err(e) => return Err(self.transport_error(e, true).with_status(status.as_u16())),
+        };
+        let answer: Value = serde_json::from_slice(&bytes).map_err(|e| {
+            ProviderError::answered(format!("the answer is not a chat completion: {e}"))
+                .with_status(status.as_u16())
+        })?;
         answer
             .pointer("/choices/0/message/content")
             .and_then(Value::as_str)
             .map(str::to_string)
-            .ok_or_else(|| ProviderError::new("the answer has no choices[0].message.content text"))
+            .ok_or_else(|| {
+                ProviderError::answered("the answer has no choices[0].message.content text")
+                    .with_status(status.as_u16())
+            })
+    }
+}
+
+impl ProviderError {
+    fn with_status(mut self, status: u16) -> Self {
+        self.status = Some(status);
+        self
     }
 }
 
@@ -193,9 +386,28 @@ mod tests {
                 "http://h:1/v1/chat/completions"
             );
         }
-        let p = OpenAiCompatible::new("p", "http://h:1", "m").api_key("secret");
-        assert!(!format!("{p:?}").contains("secret"));
-        assert!(!p.settings().to_string().contains("secret"));
+        let p = OpenAiCompatible::new("p", "http://u:pw-secret@h:1/?key=q-secret", "m")
+            .api_key("sk-secret");
+        assert_eq!(
+            p.url,
+            "http://u:pw-secret@h:1/v1/chat/completions?key=q-secret"
+        );
+        assert_eq!(
+            p.endpoint(),
+            "http://redacted@h:1/v1/chat/completions?key=redacted"
+        );
+        for shown in [
+            format!("{p:?}"),
+            format!("{p}"),
+            p.settings().to_string(),
+            p.endpoint().to_string(),
+        ] {
+            assert!(!shown.contains("secret"), "{shown}");
+        }
+        assert_eq!(
+            p.scrub("bad key sk-secret for pw-secret, q-secret"),
+            "bad key redacted for redacted, redacted"
+        );
         let body = p.body(&Request {
             system: "S".into(),
             user: "U".into(),
