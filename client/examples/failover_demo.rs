@@ -15,14 +15,14 @@
 use std::time::Duration;
 
 use pg_intent_client::harness::{
-    self, ContractSuite, Failure, OpenAiCompatible, Prompt, Provider, RunOptions,
+    self, ContractSuite, OpenAiCompatible, Prompt, Provider, RunOptions,
 };
 use pg_intent_client::{
     self as intent, Attempt, BeginOptions, Connection, Error, Failover, NewJob, Run, Submitted,
     WorkError, Worker,
 };
 use pg_intent_test_provider::{Mode, TestProvider, captions};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 type Failed = Box<dyn std::error::Error>;
 
@@ -86,28 +86,29 @@ fn suite() -> ContractSuite {
     suite
 }
 
+/// How long one provider call may take: the harness's runs and the worker's calls alike.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The worker's own timeout: strictly longer than [`CALL_TIMEOUT`]. The call's timeout knows
+/// which side of "sent" it stopped on and says so; the worker's only knows that time ran out
+/// (and, with the two equal, which fires first is a race). It is the backstop for the whole
+/// work (render, call, parse), and either one marks the attempt unknown, never failed.
+const WORKER_TIMEOUT: Duration = Duration::from_secs(15);
+
 fn options() -> RunOptions {
     RunOptions::default()
         .runs_per_case(3)
         .temperature(0.1)
-        .call_timeout(Duration::from_secs(10))
+        .call_timeout(CALL_TIMEOUT)
         .valid_for(Duration::from_secs(7 * 86_400))
 }
 
-/// The worker's call: the suite's round trip (render, call, parse). A provider error is a
-/// definite, retryable failure, recorded with its HTTP status.
+/// The worker's call: the suite's round trip (render, call, parse), its failure reported by
+/// `Failure::into_work_error`. Only a known outcome fails the attempt (gpu-a's 503 with
+/// Retry-After: it did nothing); a timeout, a reset or a 502 marks it unknown, and nobody fails
+/// over while the provider may still be generating.
 async fn caption(provider: &OpenAiCompatible, input: &Value) -> Result<Value, WorkError<Value>> {
-    suite()
-        .ask(provider, input, &options())
-        .await
-        .map_err(|failure| match failure {
-            Failure::Provider(e) => WorkError::retryable(json!({
-                "provider": provider.name(), "status": e.status, "message": e.message,
-            })),
-            other => WorkError::retryable(json!({
-                "provider": provider.name(), "message": other.to_string(),
-            })),
-        })
+    suite().work(provider, input, &options()).await
 }
 
 async fn certify(db: &Connection, provider: &OpenAiCompatible) -> Result<(), Failed> {
@@ -183,7 +184,7 @@ async fn main() -> Result<(), Failed> {
     let gpu_b = OpenAiCompatible::new("gpu-b", &b.base_url(), "captioner-2");
     let gpu_c = OpenAiCompatible::new("gpu-c", &c.base_url(), "captioner-3");
     say(&format!(
-        "gpu-a  {}  overloaded: answers 503",
+        "gpu-a  {}  overloaded: answers 503 with Retry-After",
         gpu_a.endpoint()
     ));
     say(&format!("gpu-b  {}  well-behaved", gpu_b.endpoint()));
@@ -209,7 +210,7 @@ async fn main() -> Result<(), Failed> {
         "submit_job('bob', 'caption-1', 'gpu-a', {input}, contract => '{}')",
         captions::CONTRACT
     ));
-    let worker = Worker::new(&db, Duration::from_secs(10)).name("demo-worker");
+    let worker = Worker::new(&db, WORKER_TIMEOUT).name("demo-worker");
     let work = |attempt: Attempt| {
         let provider = by_name(attempt.provider().unwrap_or("gpu-a"));
         let input = input.clone();

@@ -6,14 +6,17 @@
 //! own version. An unknown outcome is an answer ("reconcile first"), not a reason to start a
 //! second attempt.
 //!
+//! The provider's failures are the harness's (`harness::Failure`, `harness::ProviderError`),
+//! reported with `Failure::into_work_error`: only a failure that says nothing was processed
+//! (gpu-a's 429) fails the attempt; a call that times out after sending is marked unknown.
+//!
 //! `DATABASE_URL=... cargo run -p pg_intent_client --example worker -- alice click-1 [slow]`
 //! (run the submit_service example first; `slow` makes the provider outlast the timeout).
 
 use std::time::Duration;
 
-use pg_intent_client::{
-    self as intent, Attempt, Completion, Connection, Failover, WorkError, Worker,
-};
+use pg_intent_client::harness::{Failure, ProviderError};
+use pg_intent_client::{self as intent, Attempt, Completion, Connection, Failover, Worker};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -21,31 +24,44 @@ struct Image {
     url: String,
 }
 
-#[derive(Debug, Serialize)]
-struct ProviderError {
-    provider: String,
-    status: u16,
-}
+/// How long one provider call may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The worker's timeout: strictly longer than [`CALL_TIMEOUT`], so that the call's own timeout
+/// decides and records what it knows ("sent, no answer within 1s"). The worker's is the
+/// backstop for the whole work; with the two equal, which fires first would be a race. Either
+/// one marks the attempt unknown, never failed.
+const WORKER_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Stands in for the HTTP call to a GPU provider. The attempt id is the provider-side
 /// idempotency key, so a reconciler can later ask the provider what became of it.
-async fn call_provider(attempt: Attempt, slow: bool) -> Result<Image, WorkError<ProviderError>> {
-    let provider = attempt.provider().unwrap_or("gpu-a").to_string();
+async fn call_provider(attempt: &Attempt, slow: bool) -> Result<Image, Failure> {
+    let provider = attempt.provider().unwrap_or("gpu-a");
     println!("calling {provider} for attempt {} ...", attempt.id());
     if slow {
         tokio::time::sleep(Duration::from_secs(3600)).await; // still generating
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    match provider.as_str() {
-        // Rate-limited before any work started: a definite, retryable failure.
-        "gpu-a" if attempt.attempt_no() == 1 => Err(WorkError::retryable(ProviderError {
-            provider,
-            status: 429,
-        })),
+    match provider {
+        // Rate-limited before any work started: the provider says it processed nothing.
+        "gpu-a" if attempt.attempt_no() == 1 => Err(Failure::Provider(
+            ProviderError::http(429, "rate limit reached").retry_after(Duration::ZERO),
+        )),
         _ => Ok(Image {
             url: format!("s3://images/{}.png", attempt.id()),
         }),
     }
+}
+
+/// The worker's work: the call within its timeout, its failure mapped by
+/// `Failure::into_work_error` (429: failed, retryable; timed out after sending: unknown).
+async fn work(attempt: Attempt, slow: bool) -> Result<Image, intent::WorkError<serde_json::Value>> {
+    let provider = attempt.provider().unwrap_or("gpu-a").to_string();
+    match tokio::time::timeout(CALL_TIMEOUT, call_provider(&attempt, slow)).await {
+        Ok(answer) => answer,
+        Err(_) => Err(Failure::Timeout(CALL_TIMEOUT)),
+    }
+    .map_err(|failure| failure.into_work_error(&provider))
 }
 
 #[tokio::main]
@@ -62,14 +78,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tokio::spawn(conn);
     let db = Connection::new(client);
 
-    let worker = Worker::new(&db, Duration::from_secs(2))
+    let worker = Worker::new(&db, WORKER_TIMEOUT)
         .lease(Duration::from_secs(1))
         .name("example-worker");
     // gpu-a twice (a retry), then gpu-b: a failover that needs the job's contract and a
     // certification, else the gate refuses it and it is skipped.
     let answer = worker
         .run_failover(job_id, &["gpu-a", "gpu-a", "gpu-b"], |attempt| {
-            call_provider(attempt, slow)
+            work(attempt, slow)
         })
         .await?;
     match answer {
