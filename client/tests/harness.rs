@@ -785,3 +785,201 @@ async fn the_harness_records_nothing_it_cannot_show() {
     assert!(!rows[0].1.to_string().contains("sk-secret"));
     assert_eq!(rows[0].1["settings"]["provider"]["authenticated"], true);
 }
+
+/// What the suite's round trip answers `provider` for one input.
+async fn failure_of(provider: &OpenAiCompatible, options: &RunOptions) -> Failure {
+    suite()
+        .ask(provider, &captions::input("a red fox"), options)
+        .await
+        .expect_err("the call should fail")
+}
+
+/// A port nobody listens on.
+fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// Issue 17, part 2: a provider still generating when the call times out may finish the work;
+/// failing over then would run the job twice. gpu-fast is certified, so the gate would allow
+/// the failover: only the timeout's classification (unknown, never failed) prevents it.
+#[tokio::test]
+async fn a_provider_that_answers_after_the_call_timeout_is_never_failed_over() {
+    let t = TestDb::new().await;
+    let db = t.conn().await;
+    define_captions(&db).await;
+    let fleet = Fleet::start(&[
+        ("gpu-slow", Mode::WellBehaved),
+        ("gpu-fast", Mode::WellBehaved),
+    ])
+    .await;
+    fleet
+        .certify(&db, "gpu-fast", &options().runs_per_case(1))
+        .await;
+    let calls_to_fast = fleet.server("gpu-fast").requests().len();
+    // gpu-slow answers, well-behaved, but only after the call timeout.
+    fleet
+        .server("gpu-slow")
+        .set_delay(Duration::from_millis(1500));
+    let subject = "a red fox in the snow";
+    let input = captions::input(subject);
+    let job = submit(&db, "slow-1", "gpu-slow", subject, 3).await;
+    let call = options().call_timeout(Duration::from_millis(300));
+    // The worker's own timeout is well above the call's: the call's timeout is what fires.
+    let worker = Worker::new(&db, Duration::from_secs(10)).lease(Duration::from_secs(5));
+    let suite = suite();
+    let out = worker
+        .run_failover(job, &["gpu-slow", "gpu-fast"], |attempt| {
+            let provider = fleet.provider(attempt.provider().unwrap()).clone();
+            let (suite, input, call) = (suite.clone(), input.clone(), call.clone());
+            async move { suite.work(&provider, &input, &call).await }
+        })
+        .await
+        .unwrap();
+    let Failover::ReconcileFirst {
+        attempt_id: Some(first),
+        reason: Some(reason),
+    } = &out
+    else {
+        panic!("{out:?}")
+    };
+    assert_eq!(*first, intent::attempt_id(job, 1).unwrap());
+    assert!(
+        reason.starts_with("gpu-slow: no answer within 300ms"),
+        "{reason}"
+    );
+    // The first attempt is unknown, not failed; no attempt was begun on gpu-fast, which never
+    // heard of the job; gpu-slow did receive the request.
+    let a1 = intent::get_attempt(&db, *first).await.unwrap().unwrap();
+    assert_eq!(
+        (a1.state, a1.provider.as_str()),
+        (AttemptState::Unknown, "gpu-slow")
+    );
+    assert!(
+        intent::get_attempt(&db, intent::attempt_id(job, 2).unwrap())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(fleet.server("gpu-fast").requests().len(), calls_to_fast);
+    let slow = fleet.server("gpu-slow").requests();
+    assert_eq!(slow.len(), 1);
+    assert_eq!(slow[0].user, captions::user_prompt(&input));
+    let rec = intent::get_job(&db, job).await.unwrap().unwrap();
+    assert_eq!((rec.state, rec.attempt_count), (JobState::Unknown, 1));
+    // And the gate keeps it so until someone reconciles.
+    let err = intent::begin_attempt(&db, job, BeginOptions::new().provider("gpu-fast"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::OutcomeUnknown { .. }), "{err:?}");
+}
+
+/// Issue 17, part 2: every provider failure says which side of "sent" it is on, over real HTTP.
+#[tokio::test]
+async fn provider_errors_say_which_side_of_sent_they_are_on() {
+    let fleet = Fleet::start(&[
+        ("gpu-overloaded", Mode::ServerError),
+        ("gpu-limited", Mode::RateLimited),
+        ("gpu-gateway", Mode::BadGateway),
+        ("gpu-cut", Mode::CutsOffBody),
+        ("gpu-hangs-up", Mode::HangsUp),
+        ("gpu-slow", Mode::WellBehaved),
+    ])
+    .await;
+    let opts = options().call_timeout(Duration::from_secs(5));
+    let provider_error = |f: &Failure| match f {
+        Failure::Provider(e) => e.clone(),
+        other => panic!("{other:?}"),
+    };
+    let is_failed = |f: Failure| match f.into_work_error("p") {
+        WorkError::Failed { retry_after, .. } => Some(retry_after),
+        WorkError::Unknown { .. } => None,
+    };
+
+    // Nobody listening: never sent.
+    let gone = OpenAiCompatible::new("p", &format!("http://127.0.0.1:{}", closed_port()), "m");
+    let f = failure_of(&gone, &opts).await;
+    let e = provider_error(&f);
+    assert_eq!((e.delivery, e.status), (Delivery::NotSent, None), "{e}");
+    assert!(
+        std::error::Error::source(&e).is_some(),
+        "the reqwest error is kept"
+    );
+    assert_eq!(is_failed(f), Some(None));
+
+    // 4xx: the provider did not process it.
+    let base = fleet.server("gpu-overloaded").base_url();
+    let lost = OpenAiCompatible::new("p", &format!("{base}/no/such/route"), "m");
+    let e = provider_error(&failure_of(&lost, &opts).await);
+    assert_eq!(
+        (e.delivery, e.status),
+        (Delivery::Refused, Some(404)),
+        "{e}"
+    );
+    let f = failure_of(fleet.provider("gpu-limited"), &opts).await;
+    let e = provider_error(&f);
+    assert_eq!(
+        (e.delivery, e.status, e.retry_after),
+        (Delivery::Refused, Some(429), Some(Duration::from_secs(2))),
+        "{e}"
+    );
+    assert_eq!(is_failed(f), Some(Some(Duration::from_secs(2))));
+    // 503 with Retry-After: a deliberate refusal.
+    let f = failure_of(fleet.provider("gpu-overloaded"), &opts).await;
+    let e = provider_error(&f);
+    assert_eq!(
+        (e.delivery, e.status, e.retry_after),
+        (Delivery::Refused, Some(503), Some(Duration::from_secs(1))),
+        "{e}"
+    );
+    assert!(is_failed(f).is_some());
+
+    // 502, a body that breaks off, a timeout: sent, outcome unknown.
+    let f = failure_of(fleet.provider("gpu-gateway"), &opts).await;
+    let e = provider_error(&f);
+    assert_eq!(
+        (e.delivery, e.status),
+        (Delivery::Unknown, Some(502)),
+        "{e}"
+    );
+    assert_eq!(is_failed(f), None);
+    let f = failure_of(fleet.provider("gpu-cut"), &opts).await;
+    let e = provider_error(&f);
+    assert_eq!(
+        (e.delivery, e.status),
+        (Delivery::Unknown, Some(200)),
+        "{e}"
+    );
+    assert!(e.message.starts_with("the answer broke off"), "{e}");
+    assert_eq!(is_failed(f), None);
+    // The connection closed after the request was sent, before any answer.
+    let f = failure_of(fleet.provider("gpu-hangs-up"), &opts).await;
+    let e = provider_error(&f);
+    assert_eq!((e.delivery, e.status), (Delivery::Unknown, None), "{e}");
+    assert_eq!(fleet.server("gpu-hangs-up").requests().len(), 1);
+    assert_eq!(is_failed(f), None);
+    fleet
+        .server("gpu-slow")
+        .set_delay(Duration::from_millis(1000));
+    let f = failure_of(
+        fleet.provider("gpu-slow"),
+        &opts.clone().call_timeout(Duration::from_millis(200)),
+    )
+    .await;
+    assert!(matches!(f, Failure::Timeout(_)), "{f:?}");
+    assert_eq!(is_failed(f), None);
+    // The same with the HTTP client's own timeout: a reqwest timeout after sending.
+    let timing_out = OpenAiCompatible::new("p", &fleet.server("gpu-slow").base_url(), "m")
+        .with_client(
+            reqwest::Client::builder()
+                .timeout(Duration::from_millis(200))
+                .build()
+                .unwrap(),
+        );
+    let f = failure_of(&timing_out, &opts).await;
+    let e = provider_error(&f);
+    assert_eq!((e.delivery, e.status), (Delivery::Unknown, None), "{e}");
+    assert_eq!(is_failed(f), None);
+    // Each of those slow requests did reach the provider.
+    assert_eq!(fleet.server("gpu-slow").requests().len(), 2);
+}
