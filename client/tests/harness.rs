@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 use db::TestDb;
 use pg_intent_client::harness::{
     self, ContractSuite, Delivery, Failure, OpenAiCompatible, Prompt, Provider, ProviderError,
-    Request, RunError, RunOptions, Verdict,
+    Request, RunError, RunHistory, RunOptions, Verdict,
 };
 use pg_intent_client::{
     self as intent, Attempt, AttemptState, BeginOptions, Completion, Connection, Error, Failover,
@@ -786,6 +786,13 @@ async fn the_harness_records_nothing_it_cannot_show() {
     assert_eq!(rows[0].1["settings"]["provider"]["authenticated"], true);
 }
 
+/// The suite with one case: a single call per run.
+fn one_case_suite() -> ContractSuite {
+    let full = suite();
+    ContractSuite::new(CONTRACT, move |input| full.render(input))
+        .case("one", captions::input("a red fox"))
+}
+
 /// What the suite's round trip answers `provider` for one input.
 async fn failure_of(provider: &OpenAiCompatible, options: &RunOptions) -> Failure {
     suite()
@@ -982,4 +989,493 @@ async fn provider_errors_say_which_side_of_sent_they_are_on() {
     assert_eq!(is_failed(f), None);
     // Each of those slow requests did reach the provider.
     assert_eq!(fleet.server("gpu-slow").requests().len(), 2);
+}
+
+/// The captions contract again, stricter (shorter captions), which the well-behaved provider
+/// still meets: version 2.
+fn stricter_schema() -> Value {
+    let mut schema = captions::schema();
+    schema["properties"]["caption"]["maxLength"] = json!(300);
+    schema
+}
+
+/// A provider whose `at`-th call first redefines the contract (as an administrator would,
+/// from another session, while the run is in progress).
+struct RedefinesTheContract {
+    inner: OpenAiCompatible,
+    admin: Connection,
+    at: usize,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl Provider for RedefinesTheContract {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn settings(&self) -> Value {
+        self.inner.settings()
+    }
+
+    async fn call(&self, request: &Request) -> Result<String, ProviderError> {
+        let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        if n == self.at {
+            let v = intent::define_contract(
+                &self.admin,
+                CONTRACT,
+                &stricter_schema(),
+                Some(captions::CHECKER),
+            )
+            .await
+            .unwrap();
+            assert_eq!(v, 2);
+        }
+        self.inner.call(request).await
+    }
+}
+
+/// Issue 17, part 5: the harness certifies exactly the contract version it tested.
+#[tokio::test]
+async fn a_contract_redefined_during_the_run_is_not_certified() {
+    let t = TestDb::new().await;
+    let mut db = t.conn().await;
+    define_captions(&db).await;
+    let fleet = Fleet::start(&[("gpu-b", Mode::WellBehaved)]).await;
+    let one = options().runs_per_case(1);
+
+    // Redefined (v2, which gpu-b still meets) at the third of five calls: every run passed,
+    // but the first two were judged by version 1. Nothing is certified, and the report says so.
+    let provider = RedefinesTheContract {
+        inner: fleet.provider("gpu-b").clone(),
+        admin: t.conn().await,
+        at: 3,
+        calls: Default::default(),
+    };
+    let r = harness::run(&db, &provider, &suite(), &one).await.unwrap();
+    assert!(r.cases.iter().all(|c| c.passed()), "{:?}", r.cases);
+    let Verdict::Refused { reason } = &r.verdict else {
+        panic!("{:?}", r.verdict)
+    };
+    assert!(
+        reason.contains("was redefined during the run: version 1 was tested, version 2 is current"),
+        "{reason}"
+    );
+    assert_eq!(r.contract_version, 1);
+    assert_eq!(r.evidence["contract_version"], 1);
+    assert!(certifications(&db).await.is_empty());
+
+    // Run again on version 2: certified, and recorded for version 2.
+    let r = harness::run(&db, fleet.provider("gpu-b"), &suite(), &one)
+        .await
+        .unwrap();
+    assert!(r.certified(), "{}", r.verdict);
+    assert_eq!(r.evidence["contract_version"], 2);
+    let version: i32 = db
+        .query_one(
+            "SELECT contract_version FROM intent.certifications WHERE evidence->>'run_id' = $1",
+            &[&r.run_id.to_string()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, 2);
+
+    // A redefinition between the harness's last look and certify_provider's own read would
+    // have certify_provider record a version other than the one tested. A trigger stands in
+    // for that race: the harness reads back what was recorded, and rolls it back.
+    db.batch_execute(
+        "CREATE FUNCTION public.skew_version() RETURNS trigger LANGUAGE plpgsql AS
+           $$ BEGIN NEW.contract_version := NEW.contract_version + 1; RETURN NEW; END $$;
+         CREATE TRIGGER skew BEFORE INSERT ON intent.certifications
+           FOR EACH ROW EXECUTE FUNCTION public.skew_version();",
+    )
+    .await
+    .unwrap();
+    let before = certifications(&db).await.len();
+    let r = harness::run(&db, fleet.provider("gpu-b"), &suite(), &one)
+        .await
+        .unwrap();
+    let Verdict::Refused { reason } = &r.verdict else {
+        panic!("{:?}", r.verdict)
+    };
+    assert!(
+        reason.contains("certify_provider recorded version 3"),
+        "{reason}"
+    );
+    assert_eq!(certifications(&db).await.len(), before, "rolled back");
+
+    // Inside the caller's transaction the harness uses a savepoint: a refusal rolls back to
+    // it and leaves the transaction usable; a certification is the caller's to commit.
+    let observer = t.conn().await;
+    let tx = db.transaction().await.unwrap();
+    let r = harness::run(&tx, fleet.provider("gpu-b"), &suite(), &one)
+        .await
+        .unwrap();
+    assert!(!r.certified(), "{}", r.verdict);
+    let one_more: i32 = tx.query_one("SELECT 1", &[]).await.unwrap().get(0);
+    assert_eq!(one_more, 1, "the caller's transaction is not aborted");
+    tx.commit().await.unwrap();
+    db.batch_execute("DROP TRIGGER skew ON intent.certifications")
+        .await
+        .unwrap();
+    let tx = db.transaction().await.unwrap();
+    let r = harness::run(&tx, fleet.provider("gpu-b"), &suite(), &one)
+        .await
+        .unwrap();
+    assert!(r.certified(), "{}", r.verdict);
+    assert_eq!(
+        certifications(&observer).await.len(),
+        before,
+        "not yet committed"
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(certifications(&observer).await.len(), before + 1);
+}
+
+/// Issue 17, part 5: every run is recorded, passed or not, and a certification's evidence
+/// shows the failed runs before it: a flaky provider run until lucky cannot hide them.
+#[tokio::test]
+async fn every_run_is_recorded_and_a_certification_shows_the_failures_before_it() {
+    let t = TestDb::new().await;
+    let db = t.conn().await;
+    define_captions(&db).await;
+    let fleet = Fleet::start(&[("gpu-flaky", Mode::HallucinatedKey)]).await;
+    let file = std::env::temp_dir().join(format!("pg_intent_runs_{}.jsonl", Uuid::new_v4()));
+    for history in [
+        RunHistory::table("public.harness_runs"),
+        RunHistory::json_lines(&file),
+    ] {
+        history.create_table(&db).await.unwrap();
+        let opts = options().runs_per_case(1).history(history.clone());
+        let suite = suite();
+        let run = || harness::run(&db, fleet.provider("gpu-flaky"), &suite, &opts);
+        fleet.server("gpu-flaky").set_mode(Mode::HallucinatedKey);
+        let fail_1 = run().await.unwrap();
+        let fail_2 = run().await.unwrap();
+        fleet.server("gpu-flaky").set_mode(Mode::WellBehaved);
+        let lucky = run().await.unwrap();
+        assert!(!fail_1.certified() && !fail_2.certified(), "{history}");
+        assert!(lucky.certified(), "{history}: {}", lucky.verdict);
+
+        // The store has all three, each with its whole evidence.
+        let runs = history.runs(&db, "gpu-flaky", CONTRACT).await.unwrap();
+        let field = |key: &str| runs.iter().map(|r| r[key].clone()).collect::<Vec<_>>();
+        assert_eq!(
+            field("run_id"),
+            [fail_1.run_id, fail_2.run_id, lucky.run_id].map(|id| json!(id)),
+            "{history}"
+        );
+        assert_eq!(field("passed"), [false, false, true].map(Value::from));
+        assert_eq!(field("certified"), [false, false, true].map(Value::from));
+        assert_eq!(field("contract_version"), [1, 1, 1].map(Value::from));
+        assert!(
+            runs[0]["verdict"]
+                .as_str()
+                .unwrap()
+                .starts_with("refused: 5 of 5 cases failed"),
+            "{}",
+            runs[0]["verdict"]
+        );
+        assert!(
+            runs[2]["verdict"]
+                .as_str()
+                .unwrap()
+                .starts_with("certified until")
+        );
+        assert_eq!(runs[0]["evidence"], fail_1.evidence);
+        assert_eq!(runs[2]["evidence"], lucky.evidence);
+
+        // The certification's own evidence lists the two failures before it.
+        let (_, recorded, _) = certifications(&db).await.pop().unwrap();
+        assert_eq!(recorded, lucky.evidence);
+        let h = &recorded["history"];
+        assert_eq!(h["store"], history.to_string());
+        assert_eq!(
+            (&h["earlier_runs"], &h["earlier_failed"]),
+            (&json!(2), &json!(2))
+        );
+        assert_eq!(
+            h["runs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["run_id"].clone())
+                .collect::<Vec<_>>(),
+            [json!(fail_1.run_id), json!(fail_2.run_id)]
+        );
+        assert_eq!(h["runs"][0]["summary"]["runs_passed"], 0);
+        assert_eq!(h["runs"][0]["passed"], false);
+
+        // The next certification counts from this one: nothing failed in between.
+        let again = run().await.unwrap();
+        assert!(again.certified());
+        assert_eq!(again.evidence["history"]["earlier_runs"], 0);
+        assert_eq!(
+            history
+                .runs(&db, "gpu-flaky", CONTRACT)
+                .await
+                .unwrap()
+                .len(),
+            4
+        );
+    }
+    let lines = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(lines.lines().count(), 4);
+    std::fs::remove_file(&file).unwrap();
+
+    // Without a history the evidence says so.
+    let r = harness::run(
+        &db,
+        fleet.provider("gpu-flaky"),
+        &suite(),
+        &options().runs_per_case(1),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.evidence["history"], Value::Null);
+}
+
+/// Issue 17, part 5: a case may assert on its output given its input, and the assertion is
+/// evidence. A constant caption meets a contract that only checks the shape; the assertion
+/// that it names the input's subject does not let it through.
+#[tokio::test]
+async fn a_case_may_assert_on_its_output_given_its_input() {
+    let t = TestDb::new().await;
+    let db = t.conn().await;
+    const LOOSE: &str = "captions-shape-only";
+    intent::define_contract(&db, LOOSE, &captions::schema(), None)
+        .await
+        .unwrap();
+    let fleet = Fleet::start(&[
+        ("gpu-constant", Mode::CheckerRejects),
+        ("gpu-good", Mode::WellBehaved),
+    ])
+    .await;
+    let names_subject = |input: &Value, output: &Value| {
+        let subject = input["subject"].as_str().unwrap_or_default();
+        let caption = output["caption"].as_str().unwrap_or_default();
+        if caption.to_lowercase().contains(&subject.to_lowercase()) {
+            Ok(())
+        } else {
+            Err(format!("the caption {caption:?} does not name {subject:?}"))
+        }
+    };
+    let loose = |checked: bool| {
+        let mut s = ContractSuite::new(LOOSE, |input| Prompt {
+            system: captions::system_prompt(),
+            user: captions::user_prompt(input),
+        });
+        for subject in captions::SUBJECTS {
+            s = if checked {
+                s.case_with(subject, captions::input(subject), names_subject)
+            } else {
+                s.case(subject, captions::input(subject))
+            };
+        }
+        s
+    };
+    let one = options().runs_per_case(2);
+
+    // Without the assertion the constant caption passes: the schema cannot tell.
+    let r = harness::run(&db, fleet.provider("gpu-constant"), &loose(false), &one)
+        .await
+        .unwrap();
+    assert!(r.certified(), "{}", r.verdict);
+    assert_eq!(r.evidence["cases"][0]["checked"], false);
+    assert!(r.evidence["cases"][0]["runs"][0].get("check").is_none());
+
+    // With it, every run fails, and the evidence says why.
+    let r = harness::run(&db, fleet.provider("gpu-constant"), &loose(true), &one)
+        .await
+        .unwrap();
+    assert!(!r.certified());
+    for (case, subject) in r.cases.iter().zip(captions::SUBJECTS) {
+        assert!(case.checked);
+        for run in &case.runs {
+            let Some(Failure::Check { message }) = &run.failure else {
+                panic!("{run:?}")
+            };
+            assert!(message.contains(subject), "{message}");
+        }
+    }
+    let run = &r.evidence["cases"][0]["runs"][1];
+    assert_eq!(run["check"], "failed");
+    assert_eq!(run["failure"]["kind"], "check");
+    assert!(
+        run["failure"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("does not name"),
+        "{run}"
+    );
+    assert_eq!(r.evidence["cases"][0]["checked"], true);
+
+    // A provider that names the subject passes the same suite, and each run records it.
+    let r = harness::run(&db, fleet.provider("gpu-good"), &loose(true), &one)
+        .await
+        .unwrap();
+    assert!(r.certified(), "{}", r.verdict);
+    assert_eq!(r.evidence["cases"][4]["runs"][1]["check"], "passed");
+}
+
+/// Issue 17, part 5: temperatures outside 0 to 2 are refused before any provider call.
+#[tokio::test]
+async fn bad_temperatures_are_refused_before_any_call() {
+    let t = TestDb::new().await;
+    let db = t.conn().await;
+    define_captions(&db).await;
+    let fleet = Fleet::start(&[("gpu-good", Mode::WellBehaved)]).await;
+    let p = fleet.provider("gpu-good");
+    for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -0.5, 2.5] {
+        let err = harness::run(&db, p, &suite(), &options().temperature(bad))
+            .await
+            .unwrap_err();
+        let RunError::Options(message) = &err else {
+            panic!("{bad}: {err:?}")
+        };
+        assert!(message.contains("from 0 to 2"), "{message}");
+        let f = failure_of(p, &options().temperature(bad)).await;
+        assert!(
+            matches!(
+                &f,
+                Failure::Provider(ProviderError {
+                    delivery: Delivery::NotSent,
+                    ..
+                })
+            ),
+            "{f:?}"
+        );
+    }
+    assert!(fleet.server("gpu-good").requests().is_empty());
+    // The bounds themselves are fine.
+    let r = harness::run(&db, p, &one_case_suite(), &options().temperature(2.0))
+        .await
+        .unwrap();
+    assert!(r.certified(), "{}", r.verdict);
+    assert_eq!(r.evidence["settings"]["temperature"], 2.0);
+    assert_eq!(
+        fleet.server("gpu-good").requests()[0].temperature,
+        Some(2.0)
+    );
+}
+
+/// Issue 17, part 5: credentials in the endpoint URL and the API key are sent, and appear
+/// nowhere: not in the evidence, the run history, Debug, Display, or a failure's message.
+#[tokio::test]
+async fn credentials_never_reach_the_evidence() {
+    let t = TestDb::new().await;
+    let db = t.conn().await;
+    define_captions(&db).await;
+    let server = TestProvider::start(Mode::WellBehaved).await.unwrap();
+    let secrets = ["pw-hunter2", "tk-sekrit-1", "sk-live-abc123", "alice"];
+    let base = |addr: &str| format!("http://alice:pw-hunter2@{addr}/?token=tk-sekrit-1#frag");
+    let p = OpenAiCompatible::new("gpu-keyed", &base(&server.addr().to_string()), "m")
+        .api_key("sk-live-abc123");
+    let history = RunHistory::table("harness_runs");
+    history.create_table(&db).await.unwrap();
+    let r = harness::run(
+        &db,
+        &p,
+        &suite(),
+        &options().runs_per_case(1).history(history.clone()),
+    )
+    .await
+    .unwrap();
+    assert!(r.certified(), "{}", r.verdict);
+    // They were sent.
+    let received = server.requests();
+    assert_eq!(received.len(), 5);
+    assert!(received.iter().all(|q| q.authorized));
+    assert_eq!(
+        r.evidence["settings"]["provider"]["endpoint"],
+        format!(
+            "http://redacted@{}/v1/chat/completions?token=redacted",
+            server.addr()
+        )
+    );
+
+    // A failure's message: nobody listens at this port, and reqwest's error names the URL.
+    let gone = OpenAiCompatible::new(
+        "gpu-gone",
+        &base(&format!("127.0.0.1:{}", closed_port())),
+        "m",
+    )
+    .api_key("sk-live-abc123");
+    let failure = failure_of(&gone, &options()).await;
+    let Failure::Provider(error) = &failure else {
+        panic!("{failure:?}")
+    };
+    let mut chain = Vec::new();
+    let mut source: Option<&dyn std::error::Error> = Some(error);
+    while let Some(e) = source {
+        chain.push(format!("{e} / {e:?}"));
+        source = e.source();
+    }
+
+    let mut shown = vec![
+        r.evidence.to_string(),
+        format!("{r:?}"),
+        format!("{p:?}"),
+        format!("{p}"),
+        p.endpoint().to_string(),
+        format!("{gone:?}"),
+        failure.to_string(),
+        format!("{failure:?}"),
+        format!("{:?}", failure.clone().into_work_error("gpu-gone")),
+        serde_json::to_string(&history.runs(&db, "gpu-keyed", CONTRACT).await.unwrap()).unwrap(),
+    ];
+    shown.extend(chain);
+    shown.extend(certifications(&db).await.iter().map(|c| c.1.to_string()));
+    for text in &shown {
+        for secret in secrets {
+            assert!(!text.contains(secret), "{secret:?} shown in {text}");
+        }
+    }
+}
+
+/// Issue 17, part 5: the OpenAI-compatible provider reads at most `max_response_bytes` of an
+/// answer, and fails as a provider error (answered, too large) beyond it, without buffering
+/// the rest: an answer that never ends is cut off, not waited for.
+#[tokio::test]
+async fn answers_larger_than_the_limit_fail_without_being_buffered() {
+    let fleet = Fleet::start(&[
+        ("gpu-endless", Mode::EndlessBody),
+        ("gpu-good", Mode::WellBehaved),
+    ])
+    .await;
+    let opts = options().call_timeout(Duration::from_secs(60));
+    let endless = OpenAiCompatible::new("p", &fleet.server("gpu-endless").base_url(), "m")
+        .max_response_bytes(256 * 1024);
+    let f = tokio::time::timeout(Duration::from_secs(10), failure_of(&endless, &opts))
+        .await
+        .expect("an endless answer is cut off at the limit, not read to its end");
+    let Failure::Provider(e) = &f else {
+        panic!("{f:?}")
+    };
+    assert_eq!(
+        (e.delivery, e.status),
+        (Delivery::Answered, Some(200)),
+        "{e}"
+    );
+    assert!(e.message.contains("larger than 262144 bytes"), "{e}");
+    assert!(
+        matches!(f.into_work_error("p"), WorkError::Failed { .. }),
+        "the whole answer was the provider's: a known outcome"
+    );
+    // An answer whose Content-Length passes the limit, and the default limit.
+    let good = fleet.server("gpu-good").base_url();
+    let tight = OpenAiCompatible::new("p", &good, "m").max_response_bytes(100);
+    let e = match failure_of(&tight, &opts).await {
+        Failure::Provider(e) => e,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(e.delivery, Delivery::Answered);
+    assert!(e.message.contains("larger than 100 bytes"), "{e}");
+    assert_eq!(harness::DEFAULT_MAX_RESPONSE_BYTES, 8 << 20);
+    let roomy = OpenAiCompatible::new("p", &good, "m");
+    assert_eq!(roomy.settings()["max_response_bytes"], 8 << 20);
+    suite()
+        .ask(&roomy, &captions::input("a red fox"), &opts)
+        .await
+        .unwrap();
 }
