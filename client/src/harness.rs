@@ -36,7 +36,7 @@
 //! | failure | [`Delivery`] | outcome | [`WorkError`] |
 //! |---|---|---|---|
 //! | connection refused, DNS, TLS handshake, connect timeout, a request that cannot be built (a temperature out of range, …) | `NotSent` | nothing was sent | `retryable` (`fail_attempt`) |
-//! | HTTP 3xx, 4xx (429 included), 501, 505, and 503 **with** `Retry-After` | `Refused` | the provider said it did not process it | `retryable`, after the `Retry-After` when given (`fail_attempt`) |
+//! | HTTP 3xx (and too many redirects), 4xx (429 included), 501, 505, and 503 **with** `Retry-After` | `Refused` | the provider said it did not process it | `retryable`, after the `Retry-After` when given (`fail_attempt`) |
 //! | a 2xx answer that is not a chat completion, has no content, or is larger than the limit | `Answered` | the provider finished, and this is its answer | `retryable` (`fail_attempt`) |
 //! | [`Failure::NotJson`]: the answer came in full and does not parse | — | known: an unusable answer | `retryable` (`fail_attempt`) |
 //! | [`Failure::Timeout`] (the call timeout fired), an error while sending or while reading the body, a connection reset, HTTP 500, 502, 504, any other 5xx, and 503 **without** `Retry-After` | `Unknown` | the provider may have done, or still be doing, the work | `unknown` (`mark_unknown`: reconcile first) |
