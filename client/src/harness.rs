@@ -1062,7 +1062,9 @@ impl RunError {
 /// `db` needs `intent_app` for `validate_result`, `intent_operator`'s `SELECT` on
 /// `intent.contracts` and `intent.certifications`, and `intent_admin` for `certify_provider`
 /// (plus the history table's privileges). Do not share it with other tasks while the run
-/// certifies: the transaction is the connection's. An undefined contract is
+/// certifies: the transaction is the connection's. (Whether `db` is in a transaction is found
+/// by trying the savepoint: outside one the server refuses it, SQLSTATE `25P01`, and its log
+/// may show that once per certification.) An undefined contract is
 /// [`Error::InvalidInput`] before the provider is called; other database errors end the run
 /// with an error, and nothing is recorded.
 pub async fn run<P: Provider>(
