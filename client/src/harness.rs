@@ -1005,18 +1005,10 @@ pub enum RunError {
     /// The options were refused before anything was sent (a temperature out of range, …).
     #[error("invalid run options: {0}")]
     Options(String),
-    /// A database call failed (an undefined contract is [`Error::InvalidInput`]).
+    /// A database call failed (an undefined contract is [`Error::InvalidInput`]; a row of the
+    /// harness's own reads that does not decode is [`Error::Decode`], as the calls' are).
     #[error(transparent)]
     Database(#[from] Error),
-    /// A row the harness read does not decode as expected (a column of another type): the
-    /// server answered, so this is not a connection error.
-    #[error("could not decode {what}: {source}")]
-    Decode {
-        /// What was being read.
-        what: &'static str,
-        /// The tokio-postgres error.
-        source: tokio_postgres::Error,
-    },
     /// The [`RunHistory`] file could not be read or written.
     #[error("run history {store}: {source}")]
     History {
@@ -1032,6 +1024,12 @@ impl RunError {
     /// are.
     fn pg(source: tokio_postgres::Error) -> RunError {
         RunError::Database(Error::from_pg(source, Context::default()))
+    }
+
+    /// A row of the harness's own reads that does not decode: the server answered, so it is
+    /// [`Error::Decode`], never a connection error.
+    fn decode(source: tokio_postgres::Error) -> RunError {
+        RunError::Database(Error::Decode { source })
     }
 }
 
@@ -1233,13 +1231,8 @@ async fn contract_version(
         )
         .await
         .map_err(RunError::pg)?;
-    row.map(|r| {
-        r.try_get(0).map_err(|source| RunError::Decode {
-            what: "intent.contracts.version",
-            source,
-        })
-    })
-    .transpose()
+    row.map(|r| r.try_get(0).map_err(RunError::decode))
+        .transpose()
 }
 
 enum Certified {
@@ -1347,10 +1340,7 @@ async fn certify_checked(
         let recorded: Option<i32> = row
             .map(|r| r.try_get(0))
             .transpose()
-            .map_err(|source| RunError::Decode {
-                what: "intent.certifications.contract_version",
-                source,
-            })?;
+            .map_err(RunError::decode)?;
         if recorded != Some(tested) {
             return Ok(Certified::No(format!(
                 "contract {contract:?} was redefined while certifying: version {tested} was tested, and certify_provider recorded {}; the certification was rolled back, run the suite again",

@@ -289,12 +289,7 @@ async fn query_records(
         .await
         .map_err(RunError::pg)?
         .iter()
-        .map(|row| {
-            row.try_get(0).map_err(|source| RunError::Decode {
-                what: "a run history record",
-                source,
-            })
-        })
+        .map(|row| row.try_get(0).map_err(RunError::decode))
         .collect()
 }
 
