@@ -120,6 +120,13 @@ pub enum Error {
         source: tokio_postgres::Error,
     },
 
+    /// A call got no answer within the time it was given ([`crate::Worker::call_timeout`]):
+    /// its connection is taken as broken (a network path gone dark answers nothing and reports
+    /// no error for many minutes). Whether the call took effect is unknown; repeating
+    /// pg_intent's reports is safe.
+    #[error("no answer from the server within {0:?}")]
+    Timeout(std::time::Duration),
+
     /// The server answered, but the client could not read the answer into the type asked for
     /// (a column of another type, an unexpected number of rows), or could not encode a
     /// parameter: a mismatch between this client and the extension, not a connection problem.
@@ -351,7 +358,10 @@ impl Error {
             | Error::Connection { source }
             | Error::Decode { source } => Some(source),
             Error::Unreported(u) => u.error().pg_error(),
-            Error::Serialize(_) | Error::Deserialize(_) | Error::UnknownLabel(_) => None,
+            Error::Serialize(_)
+            | Error::Deserialize(_)
+            | Error::UnknownLabel(_)
+            | Error::Timeout(_) => None,
         }
     }
 
@@ -401,7 +411,7 @@ impl Error {
     pub fn http_status(&self) -> u16 {
         match self {
             Error::Serialize(_) => 400,
-            Error::Connection { .. } => 503,
+            Error::Connection { .. } | Error::Timeout(_) => 503,
             Error::Unreported(u) => u.error().http_status(),
             // The table every layer shares (pg_intent_protocol::sqlstate): other data
             // exceptions are bad input too (a NUL byte in a text, 22021; a \u0000 in a JSON
@@ -427,7 +437,7 @@ impl Error {
     /// `heartbeat`) may be repeated safely; a [`crate::Worker`] repeats them on these errors.
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Connection { .. } => true,
+            Error::Connection { .. } | Error::Timeout(_) => true,
             Error::Unreported(u) => u.error().is_transient(),
             _ => self
                 .code()

@@ -23,6 +23,10 @@ use crate::exec::Executor;
 use crate::runner::{BoxError, Connections};
 use crate::types::{Attempt, Completion, JobState};
 
+/// The longest retry delay the server takes (`fail_attempt`'s `retry_after`: 30 days).
+const MAX_RETRY_AFTER: Duration =
+    Duration::from_micros(pg_intent_protocol::limits::MAX_RETRY_AFTER_MICROS as u64);
+
 /// An outcome a worker holds for an attempt, serialized as the database will store it.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -77,7 +81,9 @@ impl Outcome {
         Ok(Outcome::Failed {
             error: serde_json::value::to_raw_value(error).map_err(Error::Serialize)?,
             retryable,
-            retry_after,
+            // The server refuses a delay over 30 days; a provider's absurd Retry-After must
+            // not turn a definite failure into one that cannot be reported.
+            retry_after: retry_after.map(|d| d.min(MAX_RETRY_AFTER)),
         })
     }
 
@@ -194,7 +200,8 @@ impl fmt::Display for Unreported {
                 "failure (retryable: {retryable}): {}",
                 shown(error.get())
             ),
-            Outcome::Unknown { reason } => write!(f, "reason: {reason}"),
+            // Quoted and escaped: a reason holding a newline cannot forge a log line.
+            Outcome::Unknown { reason } => write!(f, "reason: {:?}", shown(reason)),
         }
     }
 }
@@ -298,11 +305,13 @@ impl Reconnect {
 
 /// Whether an error says the connection it came on is gone (so a fresh one is needed), not
 /// only that the call failed.
+/// A read-only server (`25006`: the old primary after a failover, a reader endpoint) counts as
+/// broken too: the next connection may reach the new primary.
 pub(crate) fn breaks_connection(error: &Error) -> bool {
     match error {
-        Error::Connection { .. } => true,
-        _ => error
-            .code()
-            .is_some_and(|c| c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03")),
+        Error::Connection { .. } | Error::Timeout(_) => true,
+        _ => error.code().is_some_and(|c| {
+            c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03" | "25006")
+        }),
     }
 }

@@ -24,6 +24,10 @@ pub const DEFAULT_REPORT_FOR: Duration = Duration::from_secs(300);
 /// How long a report made after an interrupt (a shutdown) is retried at most.
 const INTERRUPTED_REPORT_FOR: Duration = Duration::from_secs(5);
 
+/// How many tries of a report may end in a statement timeout or cancel (`57014`) before it is
+/// taken as the report's own (a contract checker slower than the timeout), not a passing one.
+const MAX_CANCELLED_TRIES: u32 = 3;
+
 /// The first and the longest wait between two tries of a report.
 const REPORT_RETRY_FIRST: Duration = Duration::from_millis(50);
 const REPORT_RETRY_MAX: Duration = Duration::from_secs(5);
@@ -227,6 +231,7 @@ pub struct Worker<'a, D: ?Sized> {
     name: Option<String>,
     reconnect: Option<Reconnect>,
     report_for: Duration,
+    call_timeout: Option<Duration>,
 }
 
 impl<D: ?Sized> Clone for Worker<'_, D> {
@@ -239,6 +244,7 @@ impl<D: ?Sized> Clone for Worker<'_, D> {
             name: self.name.clone(),
             reconnect: self.reconnect.clone(),
             report_for: self.report_for,
+            call_timeout: self.call_timeout,
         }
     }
 }
@@ -252,6 +258,7 @@ impl<D: ?Sized> std::fmt::Debug for Worker<'_, D> {
             .field("name", &self.name)
             .field("reconnect", &self.reconnect.is_some())
             .field("report_for", &self.report_for)
+            .field("call_timeout", &self.call_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -302,6 +309,7 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
             name: None,
             reconnect: None,
             report_for: DEFAULT_REPORT_FOR,
+            call_timeout: None,
         }
     }
 
@@ -327,6 +335,15 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
     /// may pass ([`Error::is_transient`]) are retried; any other answer ends the report at once.
     pub fn report_for(mut self, how_long: Duration) -> Self {
         self.report_for = how_long;
+        self
+    }
+
+    /// How long one report may wait for its answer before its connection is taken as broken
+    /// (default: the lease) — a connection whose network path went dark answers nothing and
+    /// reports no error for many minutes. The report is then made again on a fresh connection
+    /// (repeating it is safe). Heartbeats wait at most the heartbeat interval.
+    pub fn call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = Some(timeout);
         self
     }
 
@@ -448,13 +465,25 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
             }
             // The work future is dropped here: whatever it was doing stops.
         };
+        // A result or failure that does not serialize cannot be reported as such; the work ran,
+        // so the attempt is marked unknown (never left started) and the error returned.
+        let mut unserializable = None;
+        let mut serialized = |o: Result<Outcome, Error>| match o {
+            Ok(outcome) => Ok(outcome),
+            Err(Error::Serialize(e)) => {
+                let reason = format!("the work's outcome could not be serialized to JSON: {e}");
+                unserializable = Some(e);
+                Ok(Outcome::Unknown { reason })
+            }
+            Err(other) => Err(other),
+        };
         let outcome = match &ended {
-            Ended::Work(Ok(result)) => Outcome::completed(result)?,
+            Ended::Work(Ok(result)) => serialized(Outcome::completed(result))?,
             Ended::Work(Err(WorkError::Failed {
                 error,
                 retryable,
                 retry_after,
-            })) => Outcome::failed(error, *retryable, *retry_after)?,
+            })) => serialized(Outcome::failed(error, *retryable, *retry_after))?,
             Ended::Work(Err(WorkError::Unknown { reason })) | Ended::Interrupted(reason) => {
                 Outcome::Unknown {
                     reason: reason.clone(),
@@ -478,6 +507,9 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
         let reported = self
             .report(&attempt, outcome, &fresh, &mut interrupt)
             .await?;
+        if let Some(e) = unserializable {
+            return Err(Error::Serialize(e));
+        }
         Ok(match (ended, reported) {
             (Ended::Work(Ok(result)), Reported::Completed(completion)) => Run::Completed {
                 attempt,
@@ -509,17 +541,35 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
     }
 
     /// Replaces a broken connection by a fresh one, when the worker has a [`Reconnect`].
-    async fn replace(&self, fresh: &Fresh) {
-        if let Some(reconnect) = &self.reconnect
-            && let Ok(link) = reconnect.connect().await
-        {
-            *fresh.lock().unwrap_or_else(|p| p.into_inner()) = Some(link);
+    /// Whether it got one that is open.
+    async fn replace(&self, fresh: &Fresh) -> bool {
+        let Some(reconnect) = &self.reconnect else {
+            return false;
+        };
+        match reconnect.connect().await {
+            Ok(link) if !link.closed() => {
+                *fresh.lock().unwrap_or_else(|p| p.into_inner()) = Some(link);
+                true
+            }
+            // A source that hands back the dead connection (one shared connection) cannot help.
+            Ok(_) | Err(_) => false,
+        }
+    }
+
+    /// Whether the connection the worker's calls go to now is closed.
+    fn closed(&self, link: Option<&Arc<dyn Link>>) -> bool {
+        match link {
+            Some(link) => link.closed(),
+            None => self.db.client().is_closed(),
         }
     }
 
     /// Reports `outcome` until it lands, an answer says it cannot, or [`Worker::report_for`]
     /// (after an interrupt: a few seconds) has passed; then [`Error::Unreported`], which keeps
-    /// it.
+    /// it. Each try is bounded ([`Worker::call_timeout`]): a connection that stops answering
+    /// without closing (a network path gone dark) is taken as broken and replaced. Between
+    /// tries the attempt's lease is kept alive, so that it does not lapse while the result is
+    /// in hand.
     async fn report<I: Future<Output = String>>(
         &self,
         attempt: &Attempt,
@@ -527,32 +577,59 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
         fresh: &Fresh,
         interrupt: &mut Interrupt<I>,
     ) -> Result<Reported, Error> {
-        let started = Instant::now();
-        let mut until = started
+        let mut until = Instant::now()
             + if interrupt.fired() {
                 self.report_for.min(INTERRUPTED_REPORT_FOR)
             } else {
                 self.report_for
             };
+        let every = self.heartbeat_interval();
+        let mut last_beat = Instant::now();
         let mut delay = REPORT_RETRY_FIRST;
         let mut tries = 0;
+        let mut cancelled = 0;
         loop {
             tries += 1;
             let link = Self::fresh(fresh);
-            let answer = match &link {
-                Some(link) => link.send(attempt, &outcome).await,
-                None => outcome.report(self.db, attempt).await,
+            let deadline = until.min(Instant::now() + self.try_timeout());
+            let answer = {
+                let send = async {
+                    match &link {
+                        Some(link) => link.send(attempt, &outcome).await,
+                        None => outcome.report(self.db, attempt).await,
+                    }
+                };
+                tokio::pin!(send);
+                let mut deadline = deadline;
+                loop {
+                    tokio::select! {
+                        r = &mut send => break Some(r),
+                        () = tokio::time::sleep_until(deadline) => break None,
+                        _ = interrupt.wait() => {
+                            until = until.min(Instant::now() + INTERRUPTED_REPORT_FOR);
+                            deadline = deadline.min(until);
+                        }
+                    }
+                }
             };
-            let error = match answer {
-                Ok(reported) => return Ok(reported),
-                Err(error) => error,
+            let (error, dark) = match answer {
+                Some(Ok(reported)) => return Ok(reported),
+                Some(Err(error)) => (error, false),
+                None => (
+                    Error::Timeout(self.try_timeout().min(self.report_for)),
+                    true,
+                ),
             };
-            let closed = match &link {
-                Some(link) => link.closed(),
-                None => self.db.client().is_closed(),
-            };
-            let hopeless = closed && self.reconnect.is_none();
-            if !error.is_transient() || hopeless || Instant::now() >= until {
+            if error.code() == Some("57014") {
+                cancelled += 1;
+            }
+            let closed = self.closed(link.as_ref());
+            let broken = dark || closed || breaks_connection(&error);
+            let mut hopeless = closed && self.reconnect.is_none();
+            // A statement timeout that fires again and again is the report's own (a slow
+            // contract checker), not a passing one.
+            let repeating = cancelled >= MAX_CANCELLED_TRIES;
+            if !error.is_transient() || hopeless || repeating || Instant::now() >= until {
                 return Err(Error::Unreported(Box::new(Unreported::new(
                     attempt.clone(),
                     outcome,
@@ -560,44 +637,79 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
                     error,
                 ))));
             }
+            if broken {
+                let replaced = matches!(
+                    tokio::time::timeout_at(until, self.replace(fresh)).await,
+                    Ok(true)
+                );
+                hopeless = closed && !replaced;
+                if hopeless {
+                    return Err(Error::Unreported(Box::new(Unreported::new(
+                        attempt.clone(),
+                        outcome,
+                        tries,
+                        error,
+                    ))));
+                }
+            }
+            if last_beat.elapsed() >= every {
+                last_beat = Instant::now();
+                let link = Self::fresh(fresh);
+                let beat = async {
+                    match &link {
+                        Some(link) => link.beat(attempt.id()).await,
+                        None => heartbeat(self.db, attempt.id(), None).await,
+                    }
+                };
+                let _ = tokio::time::timeout_at(until.min(Instant::now() + every), beat).await;
+            }
             tokio::select! {
                 () = tokio::time::sleep(delay.min(until.saturating_duration_since(Instant::now()))) => {}
                 // Shutting down: a few more seconds, not the whole report_for.
                 _ = interrupt.wait() => until = until.min(Instant::now() + INTERRUPTED_REPORT_FOR),
             }
             delay = (delay * 2).min(REPORT_RETRY_MAX);
-            if closed || breaks_connection(&error) {
-                self.replace(fresh).await;
-            }
         }
+    }
+
+    /// How long one report or heartbeat may take before its connection is taken as broken:
+    /// [`Worker::call_timeout`]'s setting, by default the lease.
+    fn try_timeout(&self) -> Duration {
+        self.call_timeout
+            .unwrap_or(self.lease)
+            .max(Duration::from_millis(1))
     }
 
     /// Heartbeats until one answers `false` (then `Ok`) or the server refuses one (then `Err`).
     /// An error that may pass is not an answer: the next beat tries again, on a fresh
-    /// connection when this one broke (with [`Worker::reconnect`]); a worker that never gets
-    /// through is covered by the deadline rule (its attempt lapses to `unknown`).
+    /// connection when this one broke (with [`Worker::reconnect`]) — also when a beat gets no
+    /// answer within the heartbeat interval (a connection gone dark without closing). A worker
+    /// that never gets through is covered by the deadline rule (its attempt lapses to
+    /// `unknown`).
     async fn keep_alive(&self, attempt_id: Uuid, fresh: &Fresh) -> Result<(), Error> {
         let every = self.heartbeat_interval();
         loop {
             tokio::time::sleep(every).await;
             let link = Self::fresh(fresh);
-            let answer = match &link {
-                Some(link) => link.beat(attempt_id).await,
-                None => heartbeat(self.db, attempt_id, None).await,
-            };
-            match answer {
-                Ok(true) => {}
-                Ok(false) => return Ok(()),
-                Err(e) if e.is_transient() => {
-                    let closed = match &link {
-                        Some(link) => link.closed(),
-                        None => self.db.client().is_closed(),
-                    };
-                    if closed || breaks_connection(&e) {
-                        self.replace(fresh).await;
-                    }
+            let beat = async {
+                match &link {
+                    Some(link) => link.beat(attempt_id).await,
+                    None => heartbeat(self.db, attempt_id, None).await,
                 }
-                Err(e) => return Err(e),
+            };
+            let broken = match tokio::time::timeout(every.min(self.try_timeout()), beat).await {
+                Ok(Ok(true)) => false,
+                Ok(Ok(false)) => return Ok(()),
+                Ok(Err(e)) if e.is_transient() => {
+                    self.closed(link.as_ref()) || breaks_connection(&e)
+                }
+                Ok(Err(e)) => return Err(e),
+                // No answer within the interval: the connection went dark.
+                Err(_) => true,
+            };
+            if broken {
+                // Bounded, so that a connection that frees up later is still tried.
+                let _ = tokio::time::timeout(every, self.replace(fresh)).await;
             }
         }
     }
@@ -679,6 +791,21 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
                     ..
                 } => {
                     failures.push((provider.to_string(), error));
+                }
+                // A failure reported again (its first answer lost with a connection) answers
+                // the job's state of now: another attempt may have begun meanwhile.
+                Run::Failed {
+                    job_state: JobState::Running,
+                    ..
+                } => return Ok(Failover::InFlight { attempt_id: None }),
+                Run::Failed {
+                    job_state: JobState::Unknown,
+                    ..
+                } => {
+                    return Ok(Failover::ReconcileFirst {
+                        attempt_id: None,
+                        reason: None,
+                    });
                 }
                 Run::Failed {
                     attempt,

@@ -119,14 +119,25 @@ impl SqlState {
 /// * `57014` query_canceled (`statement_timeout`, `pg_cancel_backend`), `57P01`
 ///   admin_shutdown (`pg_terminate_backend`, a fast shutdown), `57P02` crash_shutdown,
 ///   `57P03` cannot_connect_now (the server is starting or stopping);
-/// * `58000` system_error and `58030` io_error (the server's own I/O).
+/// * `58000` system_error and `58030` io_error (the server's own I/O);
+/// * `25006` read_only_sql_transaction (a standby, or the old primary after a failover: the
+///   next connection may reach the new one).
 ///
 /// Not `54000` (pg_intent's own limit: the same request fails again) nor `57P04`
 /// database_dropped.
 pub fn is_transient(code: &str) -> bool {
     matches!(
         code,
-        "40001" | "40P01" | "55P03" | "57014" | "57P01" | "57P02" | "57P03" | "58000" | "58030"
+        "40001"
+            | "40P01"
+            | "55P03"
+            | "57014"
+            | "57P01"
+            | "57P02"
+            | "57P03"
+            | "58000"
+            | "58030"
+            | "25006"
     ) || code.starts_with("08")
         || code.starts_with("53")
 }
