@@ -9,10 +9,34 @@
 # ${XDG_CACHE_HOME:-$HOME/.cache}/pg_intent/venv (pip install -r tests/python/requirements.txt)
 # and tests/node/node_modules (npm ci from package-lock.json); each is redone only when its pins,
 # or the interpreter, change. The extension must be installed already (scripts/test.sh does it).
-# Usage: bash scripts/lang_tests.sh
+#
+# Usage: bash scripts/lang_tests.sh             both suites (part of scripts/test.sh)
+#        bash scripts/lang_tests.sh mutations   each failure point's mutation (tests/mutations)
+#                                               must make both suites fail
+# PG_INTENT_TESTS_SABOTAGE=FILE applies FILE, a mutation, to both databases (as the Rust
+# tests' harness does): the suites must then fail.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$ROOT"
+
+if [ "${1:-}" = mutations ]; then
+  # caught: both suites ran and each had failing tests; MISSED: one of them still passed.
+  bad=0
+  for m in check_then_insert params_ignored timeout_is_failure lapsed_lease_is_failure last_writer_wins generic_errors; do
+    out="/tmp/lang-mutation-$m.log"
+    PG_INTENT_TESTS_SABOTAGE="$ROOT/tests/mutations/$m.sql" bash "$0" >"$out" 2>&1 || true
+    py=$(sed -nE 's/^([0-9]+) failed.* in [0-9.]+s.*/\1/p' "$out" | tail -n1)
+    js=$(sed -nE 's/^[^ ]+ fail ([0-9]+)$/\1/p' "$out" | tail -n1)
+    if grep -q "sabotaged with" "$out" && [ "${py:-0}" -gt 0 ] && [ "${js:-0}" -gt 0 ]; then
+      echo "caught  $m: $py Python and $js Node.js tests fail"
+    else
+      echo "MISSED  $m: Python failed ${py:-0}, Node.js ${js:-0} (see $out)"
+      bad=1
+    fi
+  done
+  exit $bad
+fi
+[ $# -eq 0 ] || die "usage: $0 [mutations]"
 
 CACHE="${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/pg_intent"
 VENV="$CACHE/venv"
@@ -56,10 +80,33 @@ install_node
 
 start_cluster
 sql() { "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 "$@"; }
+# A mutation (tests/mutations/*.sql) replaces API functions with broken ones; run with
+# PG_INTENT_TESTS_SABOTAGE=FILE, the suites must then fail. A replacement runs with pg_intent's
+# rights, as the C function it replaces did, so that an ordinary role's call reaches the bug
+# instead of being refused for lack of privileges.
+SABOTAGE_RIGHTS=$(cat <<'SQL'
+DO $$
+DECLARE f regprocedure;
+BEGIN
+  FOR f IN SELECT p.oid FROM pg_catalog.pg_proc p
+            WHERE p.pronamespace = 'intent'::regnamespace
+              AND p.prolang <> (SELECT oid FROM pg_catalog.pg_language WHERE lanname = 'c')
+              AND (p.proowner <> 'intent_owner'::regrole OR NOT p.prosecdef)
+  LOOP
+    EXECUTE format('ALTER FUNCTION %s OWNER TO intent_owner', f);
+    EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER', f);
+  END LOOP;
+END $$
+SQL
+)
 for db in lang_python lang_node; do
   sql -d postgres -c "CREATE DATABASE $db"
   sql -d "$db" -c "CREATE EXTENSION pg_intent"
+  if [ -n "${PG_INTENT_TESTS_SABOTAGE:-}" ]; then
+    sql -d "$db" -c "$(cat "$PG_INTENT_TESTS_SABOTAGE")" -c "$SABOTAGE_RIGHTS"
+  fi
 done
+[ -z "${PG_INTENT_TESTS_SABOTAGE:-}" ] || log "sabotaged with $PG_INTENT_TESTS_SABOTAGE: the suites must fail"
 # The extension created intent_app, intent_operator and intent_admin; the tests log in as
 # ordinary roles granted them, never as a superuser.
 sql -d postgres <<SQL
