@@ -8,7 +8,8 @@
 #   5. the integration tests (they start and kill clusters of their own): the protocol,
 #      concurrency, crashes, hostile input, the host-database suite, the threat model,
 #      interrupts, large values, upgrades,
-#   6. the HTTP gateway's tests,
+#   6. the HTTP gateway's tests, then the four failure points from Python (psycopg) and Node.js
+#      (node-postgres) over the SQL API alone, as an ordinary intent_app role (lang_tests.sh),
 #   7. on every other supported major (pgrx.toml: 16, 17, 18): the build, pg_regress, isolation,
 #      the four failure points, the host-database suite and the security tests,
 #   8. the major-version upgrade (pg_upgrade from 15 to 18) and the Debian package.
@@ -117,6 +118,9 @@ cargo test -q -p pg_intent_tests -- --test-threads=1
 
 log "HTTP gateway tests (real HTTP, real cluster)"
 cargo test -q -p pg_intent_gateway
+
+log "the four failure points from Python and Node.js (psycopg, node-postgres; SQL API only, an intent_app role)"
+bash "$ROOT/scripts/lang_tests.sh"
 
 other_majors
 major_upgrade
