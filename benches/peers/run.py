@@ -398,7 +398,8 @@ def write_markdown(rows, hammer, behaviour, vers, seconds, repeats, elapsed):
         sys.exit(f"{DOC} has lost its markers {BEGIN} … {END}")
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     part = [BEGIN, "",
-            f"The last run: {when}, `bash scripts/bench.sh --peers`, {elapsed / 60:.1f} minutes in all, on "
+            f"The last run: {when}, `python3 benches/peers/run.py` (what `bash scripts/bench.sh --peers` runs "
+            f"after building the extension), {elapsed / 60:.1f} minutes in all, on "
             f"{os.cpu_count()} CPUs. Versions: " + ", ".join(f"{k} {v}" for k, v in vers.items()) + ".", ""]
     if rows:
         part += ["### Speed", "",

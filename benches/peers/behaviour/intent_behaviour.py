@@ -4,6 +4,7 @@ worker would call (submit_job, claim_attempts, complete_attempt, abandon_attempt
 Usage: python intent_behaviour.py CONNINFO   (prints one JSON line per scenario)
 """
 
+import json
 import sys
 import threading
 import time
@@ -86,7 +87,8 @@ def different_payload(c):
     kept = c.execute("SELECT params = %s FROM intent.jobs WHERE owner_id = %s AND idempotency_key = %s",
                      (Jsonb(P1), OWNER, key)).fetchone()[0]
     report(SYSTEM, "different_payload",
-           f"refused: {err}; rows {before} before, {after} after; the job keeps the first payload: {kept}",
+           f"refused: {err}; rows {before} before, {after} after; "
+           f"{'the job keeps the first payload' if kept else 'the payload changed'}",
            error=err, rows_before=before, rows_after=after, first_payload_kept=kept)
 
 
@@ -98,8 +100,8 @@ def while_running_and_after(c):
     second_claim = claim(c, provider, "w2")
     begin = sqlstate(lambda: c.execute("SELECT * FROM intent.begin_attempt(intent.job_id(%s, %s))", (OWNER, key)))
     report(SYSTEM, "while_running",
-           f"the same job back (created = {again[1]}, state {again[2]}); a second worker claims "
-           f"{len(second_claim)} job, begin_attempt refuses ({begin}); {rows(c, key)} row, "
+           f"the same job back (created = {str(again[1]).lower()}, state {again[2]}); a second worker "
+           f"claims {len(second_claim) or 'nothing'}, begin_attempt refuses ({begin}); {rows(c, key)} row, "
            f"{attempts(c, key)} attempt: it runs once",
            created=again[1], state=again[2], second_claims=len(second_claim), begin=begin,
            rows=rows(c, key), attempts=attempts(c, key))
@@ -107,8 +109,8 @@ def while_running_and_after(c):
     after = submit(c, key, P1, provider)
     claims = claim(c, provider, "w3")
     report(SYSTEM, "after_finished",
-           f"the finished job back with its stored result (created = {after[1]}, state {after[2]}, "
-           f"result {after[3]}); nothing to claim ({len(claims)}); {rows(c, key)} row, "
+           f"the finished job back with its stored result (created = {str(after[1]).lower()}, state "
+           f"{after[2]}, result {json.dumps(after[3])}); {len(claims) or 'nothing'} to claim; {rows(c, key)} row, "
            f"{attempts(c, key)} attempt: it ran once (until intent.purge removes it past intent.retention)",
            completion=won, created=after[1], state=after[2], claims=len(claims), rows=rows(c, key),
            attempts=attempts(c, key))
@@ -126,7 +128,7 @@ def timeout_and_late(c):
     listed = c.execute("SELECT count(*) FROM intent.attempts_to_reconcile WHERE attempt_id = %s", (att,)).fetchone()[0]
     report(SYSTEM, "worker_timeout",
            f"lease of 1 s (claim_attempts' lease; heartbeat extends it): once it ran out the attempt "
-           f"counts as unknown, never failed; a second worker claims {len(second)} job, begin_attempt "
+           f"counts as unknown, never failed; a second worker claims {len(second) or 'nothing'}, begin_attempt "
            f"refuses ({begin}), submit reports state {state}, and intent.attempts_to_reconcile lists it "
            f"({listed}): the job does not run again until someone reconciles or abandons the attempt",
            second_claims=len(second), begin=begin, state=state, listed=listed)
