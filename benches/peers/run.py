@@ -8,18 +8,21 @@ in one run on a throwaway cluster.
    one database per peer, each with `CREATE EXTENSION pg_intent` and the peer's schema made by the
    peer's own installer (graphile-worker --schema-only, pg-boss start(), procrastinate schema
    --apply).
-2. Speed: for each scenario (a new key, a duplicate of an existing key, 32 clients on one key),
-   each peer's deduplicating insert and intent.submit_job run in ONE pgbench invocation, weighted
-   1:1 (-f ours@1 -f peer@1), so both share the machine second by second; with
-   synchronous_commit on and off; repeated, and the median of the repeats is reported.
-3. Behaviour: benches/peers/behaviour/ runs the seed's failure points (a double click, the same key
+2. Behaviour: benches/peers/behaviour/ runs the seed's failure points (a double click, the same key
    with another payload, a resubmission while the job runs and after it finished, a worker that
    times out and its late result) against each peer through its own client, and against
    pg_intent, and records what happened.
+3. Speed: for each scenario (a new key, a duplicate of an existing key, 32 clients on one key, and
+   a new key with intent.notify = on against the two peers that always NOTIFY),
+   each peer's deduplicating insert and intent.submit_job run in ONE pgbench invocation, weighted
+   1:1 (-f ours@1 -f peer@1), so both share the machine second by second; with
+   synchronous_commit on and off; repeated, and the median of the repeats is reported.
 4. Prints both tables and writes them into docs/comparison.md between its markers.
 
-Usage: python3 benches/peers/run.py [--quick] [--seconds N] [--repeats N] [--no-markdown]
+Usage: python3 benches/peers/run.py [--quick] [--seconds N] [--repeats N] [--only new,dup,hammer]
+                                    [--no-speed] [--no-behaviour] [--no-markdown]
        (or bash scripts/bench.sh --peers …, which installs and builds the extension first)
+Only a whole run with the default settings (3 repeats of 5 s, both parts) rewrites docs/comparison.md.
 """
 
 import argparse
@@ -375,7 +378,8 @@ def speed_markdown(rows):
              "pg_intent p50 / p99 ms | peer p50 / p99 ms | p50 ÷ | p99 ÷ |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['scenario']} ({r['clients']} clients) | {r['peer']} | {r['sync']} | {r['ours_rate']:.0f} | "
+        who = r["scenario"] if "clients" in r["scenario"] else f"{r['scenario']} ({r['clients']} clients)"
+        lines.append(f"| {who} | {r['peer']} | {r['sync']} | {r['ours_rate']:.0f} | "
                      f"{r['peer_rate']:.0f} | **{r['rate_ratio']:.2f}** | {r['ours_p50']:.2f} / {r['ours_p99']:.2f} | "
                      f"{r['peer_p50']:.2f} / {r['peer_p99']:.2f} | {r['p50_ratio']:.2f} | {r['p99_ratio']:.2f} |")
     return lines
@@ -429,7 +433,8 @@ def main():
     ap.add_argument("--only", default=None, help="comma-separated scenarios to measure: new,dup,hammer")
     ap.add_argument("--no-speed", action="store_true", help="only the behaviour runs")
     ap.add_argument("--no-behaviour", action="store_true", help="only the speed runs")
-    ap.add_argument("--no-markdown", action="store_true", help=f"do not rewrite {DOC.relative_to(ROOT)}")
+    ap.add_argument("--no-markdown", action="store_true",
+                    help=f"do not rewrite {DOC.relative_to(ROOT)} (only a whole run with the default settings does)")
     args = ap.parse_args()
     seconds = args.seconds or (2 if args.quick else 5)
     repeats = args.repeats or (1 if args.quick else 3)
@@ -457,7 +462,9 @@ def main():
             print(f"\n32 clients on one key, every run over, no call failed: {hammer}", flush=True)
         elapsed = time.time() - t0
         print(f"\ntook {elapsed:.0f} s", flush=True)
-        if not args.no_markdown and not args.quick:
+        # Only a whole run replaces the figures in the doc.
+        if not (args.no_markdown or args.quick or args.no_speed or args.no_behaviour or args.only
+                or args.seconds or args.repeats):
             write_markdown(rows, hammer, behaviour, vers, seconds, repeats, elapsed)
     finally:
         cluster.stop()
