@@ -5,6 +5,9 @@
 # Usage: bash scripts/bench.sh [--quick] [--seconds N] [--clients N] [--markdown FILE]
 #        bash scripts/bench.sh --majors [--seconds N] [--markdown FILE]   every major of pgrx.toml
 #        bash scripts/bench.sh --workers [--quick] [--markdown FILE]   claims, NOTIFY, pickup (benches/run.py)
+#        bash scripts/bench.sh --peers [--quick]   against graphile-worker, pg-boss and procrastinate,
+#                                                  installed at pinned versions (benches/peers/run.py;
+#                                                  writes docs/comparison.md unless --quick)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$ROOT"
@@ -20,6 +23,10 @@ if [ "${1:-}" = --majors ]; then
     spec+="$m:$PG_BIN "
   done
   exec python3 "$ROOT/benches/run.py" --majors "$spec" "$@"
+fi
+if [ "${1:-}" = --peers ]; then
+  shift
+  PG_BIN="$PG_BIN" exec python3 "$ROOT/benches/peers/run.py" "$@"
 fi
 command -v pgbench >/dev/null || [ -x "$PG_BIN/pgbench" ] || die "pgbench not found"
 PG_BIN="$PG_BIN" exec python3 "$ROOT/benches/run.py" "$@"

@@ -1,0 +1,1 @@
+SELECT peers.procrastinate_defer_or_already_enqueued(ARRAY[ROW('default', 'generate', 0, NULL, 'the-one-key', '{"prompt": "a cat in a hat", "size": 512}', NULL)]::procrastinate_job_to_defer_v1[]) AS id;
