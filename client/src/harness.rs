@@ -77,8 +77,11 @@
 //!   given its input after the database accepted it; a failed assertion fails the run
 //!   ([`Failure::Check`]), and each run records whether it held.
 //! * **No credentials.** Provider settings must never hold secrets; [`OpenAiCompatible`]
-//!   records its endpoint with [`redact_url`] (userinfo and query values replaced), never its
-//!   API key, and strips the URL from transport errors. Debug and Display show the same.
+//!   records its endpoint with [`redact_url`] (userinfo and query values replaced, the URL read
+//!   as reqwest reads it, so `https:///user:secret@host` loses its credentials too), never its
+//!   API key, strips the URL from transport errors, and scrubs the provider's error texts of the
+//!   user, the password, the query values (as written and percent-decoded) and the API key.
+//!   Debug and Display show the same.
 //! * **Sane settings.** A temperature that is NaN, infinite, negative or above
 //!   [`MAX_TEMPERATURE`] (2, the OpenAI range) is refused before any provider call
 //!   ([`RunError::Options`]; [`ContractSuite::ask`] fails with a `NotSent` provider error).
@@ -164,10 +167,12 @@ use crate::worker::WorkError;
 mod history;
 #[cfg(feature = "openai")]
 mod openai;
+mod redact;
 
 pub use history::RunHistory;
 #[cfg(feature = "openai")]
 pub use openai::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RESPONSE_BYTES, OpenAiCompatible};
+pub use redact::redact_url;
 
 /// How many characters of a text (a raw answer, a prompt) the evidence keeps.
 pub const EVIDENCE_TEXT_CHARS: usize = 2000;
@@ -427,55 +432,6 @@ pub trait Provider: Send + Sync {
     /// [`Delivery::Unknown`].
     fn call(&self, request: &Request)
     -> impl Future<Output = Result<String, ProviderError>> + Send;
-}
-
-/// `url` with its credentials replaced, for evidence, logs and `Debug`: the userinfo
-/// (`user:secret@`) becomes `redacted@`, every query value becomes `redacted` (a bare query
-/// word too), and the fragment is dropped.
-///
-/// ```
-/// use pg_intent_client::harness::redact_url;
-/// assert_eq!(
-///     redact_url("https://bob:s3cret@api.example.com/v1?api-key=abc&x#frag"),
-///     "https://redacted@api.example.com/v1?api-key=redacted&redacted"
-/// );
-/// assert_eq!(redact_url("http://127.0.0.1:8089/v1"), "http://127.0.0.1:8089/v1");
-/// ```
-pub fn redact_url(url: &str) -> String {
-    let url = url.split_once('#').map_or(url, |(before, _)| before);
-    let (rest, query) = match url.split_once('?') {
-        Some((rest, query)) => (rest, Some(query)),
-        None => (url, None),
-    };
-    let (scheme, after) = match rest.split_once("://") {
-        Some((scheme, after)) => (Some(scheme), after),
-        None => (None, rest),
-    };
-    let (authority, path) = match after.find('/') {
-        Some(at) => after.split_at(at),
-        None => (after, ""),
-    };
-    let host = match authority.rsplit_once('@') {
-        Some((_, host)) => format!("redacted@{host}"),
-        None => authority.to_string(),
-    };
-    let mut out = match scheme {
-        Some(scheme) => format!("{scheme}://{host}{path}"),
-        None => format!("{host}{path}"),
-    };
-    if let Some(query) = query {
-        let pairs: Vec<String> = query
-            .split('&')
-            .filter(|p| !p.is_empty())
-            .map(|p| match p.split_once('=') {
-                Some((key, _)) => format!("{key}=redacted"),
-                None => "redacted".to_string(),
-            })
-            .collect();
-        out.push('?');
-        out.push_str(&pairs.join("&"));
-    }
-    out
 }
 
 /// One input of a suite.
@@ -1731,29 +1687,5 @@ mod tests {
                 .unwrap_err()
                 .contains("NaN")
         );
-    }
-
-    #[test]
-    fn urls_lose_their_credentials() {
-        for (url, want) in [
-            (
-                "http://user:secret@127.0.0.1:8089/v1/chat/completions",
-                "http://redacted@127.0.0.1:8089/v1/chat/completions",
-            ),
-            (
-                "https://api.example.com/v1?key=sk-123&api-version=2024",
-                "https://api.example.com/v1?key=redacted&api-version=redacted",
-            ),
-            (
-                "https://tok@api.example.com?sk-bare#frag",
-                "https://redacted@api.example.com?redacted",
-            ),
-            ("http://h:1/v1", "http://h:1/v1"),
-            ("user:pw@host/x?y=z", "redacted@host/x?y=redacted"),
-        ] {
-            assert_eq!(redact_url(url), want, "{url}");
-        }
-        // An @ in the path is not userinfo.
-        assert_eq!(redact_url("http://h/a@b"), "http://h/a@b");
     }
 }

@@ -1433,6 +1433,45 @@ async fn credentials_never_reach_the_evidence() {
     }
 }
 
+/// Review finding 5: reqwest's URL parser skips any number of `/` and `\` after a special
+/// scheme, so `https:///user:secret@host/` and `https:/user:secret@host/` send basic-auth
+/// credentials; the endpoint, Display, Debug and settings (and so the evidence) must not show
+/// them. The authority was taken as "after `://`, up to the first `/`", which saw none.
+#[test]
+fn credentials_behind_extra_slashes_are_redacted() {
+    let mut leaks = Vec::new();
+    for url in [
+        "https:///user:s3cret-pw@api.example.com/v1",
+        "https:/user:s3cret-pw@api.example.com/v1",
+        "https://///user:s3cret-pw@api.example.com/v1",
+        "https:\\\\user:s3cret-pw@api.example.com/v1",
+    ] {
+        let parsed = reqwest::Url::parse(url).unwrap();
+        assert_eq!(
+            parsed.password(),
+            Some("s3cret-pw"),
+            "{url}: reqwest sends it"
+        );
+        let p = OpenAiCompatible::new("p", url, "m");
+        for shown in [
+            harness::redact_url(url),
+            p.endpoint().to_string(),
+            format!("{p}"),
+            format!("{p:?}"),
+            p.settings().to_string(),
+        ] {
+            if shown.contains("s3cret-pw") {
+                leaks.push(format!("{url}: shown as {shown}"));
+            }
+        }
+        assert_eq!(
+            p.endpoint(),
+            "https://redacted@api.example.com/v1/chat/completions"
+        );
+    }
+    assert!(leaks.is_empty(), "{leaks:#?}");
+}
+
 /// Issue 17, part 5: the OpenAI-compatible provider reads at most `max_response_bytes` of an
 /// answer, and fails as a provider error (answered, too large) beyond it, without buffering
 /// the rest: an answer that never ends is cut off, not waited for.
