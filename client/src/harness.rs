@@ -36,16 +36,20 @@
 //! | failure | [`Delivery`] | outcome | [`WorkError`] |
 //! |---|---|---|---|
 //! | connection refused, DNS, TLS handshake, connect timeout, a request that cannot be built (a temperature out of range, …) | `NotSent` | nothing was sent | `retryable` (`fail_attempt`) |
-//! | HTTP 3xx (and too many redirects), 4xx (429 included), 501, 505, and 503 **with** `Retry-After` | `Refused` | the provider said it did not process it | `retryable`, after the `Retry-After` when given (`fail_attempt`) |
+//! | HTTP 3xx but 303, 4xx (429 included), 501, 505, and 503 **with** `Retry-After` | `Refused` | the provider said it did not process it | `retryable`, after the `Retry-After` when given (`fail_attempt`) |
 //! | a 2xx answer that is not a chat completion, has no content, or is larger than the limit | `Answered` | the provider finished, and this is its answer | `retryable` (`fail_attempt`) |
 //! | [`Failure::NotJson`]: the answer came in full and does not parse | — | known: an unusable answer | `retryable` (`fail_attempt`) |
-//! | [`Failure::Timeout`] (the call timeout fired), an error while sending or while reading the body, a connection reset, HTTP 500, 502, 504, any other 5xx, and 503 **without** `Retry-After` | `Unknown` | the provider may have done, or still be doing, the work | `unknown` (`mark_unknown`: reconcile first) |
+//! | [`Failure::Timeout`] (the call timeout fired), an error while sending or while reading the body, a connection reset, HTTP 500, 502, 504, any other 5xx, 503 **without** `Retry-After`, `303 See Other`, a redirect error (too many redirects), and an error status reached by following a redirect | `Unknown` | the provider may have done, or still be doing, the work | `unknown` (`mark_unknown`: reconcile first) |
 //!
 //! A 503 without `Retry-After` counts as unknown because proxies answer it when their upstream
 //! reset the connection after the request was forwarded (Envoy's "upstream connect error or
 //! disconnect/reset before headers"); a server that deliberately turns a request away says when
 //! to come back. Erring towards `Unknown` costs a reconciliation; erring the other way costs a
-//! double execution. A call timeout is `Unknown` even when the request was still connecting:
+//! double execution. A `303 See Other` answers a request that *was* processed (its result is
+//! elsewhere), so it is `Unknown`; a redirect chain may hold one, so a redirect error, and an
+//! error status at the end of a chain that was followed, are too. [`OpenAiCompatible`]'s own
+//! client follows no redirect: every 3xx is the provider's own answer. A call timeout is
+//! `Unknown` even when the request was still connecting:
 //! [`OpenAiCompatible`] connects within [`DEFAULT_CONNECT_TIMEOUT`] so that an unreachable
 //! provider fails as `NotSent` first — keep the call timeout longer than that, and the
 //! [`crate::Worker`]'s timeout longer than the call timeout (its timeout marks every attempt
@@ -246,8 +250,8 @@ pub enum Delivery {
     /// The request never left: connection refused, DNS, TLS handshake, a connect timeout, a
     /// request that could not be built. Nothing can have happened.
     NotSent,
-    /// The provider answered that it did not process the request: HTTP 3xx, 4xx (429 included),
-    /// 501, 505, and 503 with `Retry-After`.
+    /// The provider answered that it did not process the request: HTTP 3xx but 303, 4xx (429
+    /// included), 501, 505, and 503 with `Retry-After`.
     Refused,
     /// The provider answered in full with a success status, and the answer is unusable (not a
     /// chat completion, no content, larger than the limit): the work is over, and this is
@@ -255,18 +259,21 @@ pub enum Delivery {
     Answered,
     /// The request was, or may have been, sent and no usable answer came: a timeout after the
     /// request started, a connection reset, an error while reading the body, HTTP 500, 502,
-    /// 504, any other 5xx, 503 without `Retry-After`. The provider may have done the work, or
-    /// still be doing it.
+    /// 504, any other 5xx, 503 without `Retry-After`, `303 See Other` (the request was
+    /// processed, its answer is elsewhere), a redirect error, an error status reached by
+    /// following a redirect. The provider may have done the work, or still be doing it.
     Unknown,
 }
 
 impl Delivery {
     /// What an HTTP status says about the request (`retry_after`: whether the answer carried a
-    /// `Retry-After` header). 2xx: `Answered` (an answer, if an unusable one); 3xx, 4xx, 501,
-    /// 505, and 503 with `Retry-After`: `Refused`; everything else: `Unknown`.
+    /// `Retry-After` header). 2xx: `Answered` (an answer, if an unusable one); 3xx but 303,
+    /// 4xx, 501, 505, and 503 with `Retry-After`: `Refused`; everything else: `Unknown`
+    /// (`303 See Other` included: it says the request was processed, and where its result is).
     pub fn of_status(status: u16, retry_after: bool) -> Delivery {
         match status {
             200..=299 => Delivery::Answered,
+            303 => Delivery::Unknown,
             300..=499 | 501 | 505 => Delivery::Refused,
             503 if retry_after => Delivery::Refused,
             _ => Delivery::Unknown,
@@ -1559,6 +1566,12 @@ mod tests {
         for (status, retry_after, want) in [
             (200, false, Answered),
             (301, false, Refused),
+            (302, false, Refused),
+            (307, false, Refused),
+            (308, false, Refused),
+            // 303 See Other: the request was processed, its answer is elsewhere.
+            (303, false, Unknown),
+            (303, true, Unknown),
             (400, false, Refused),
             (401, false, Refused),
             (404, false, Refused),

@@ -1518,3 +1518,119 @@ async fn answers_larger_than_the_limit_fail_without_being_buffered() {
         .await
         .unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Review of issue 17: concurrent runs, a damaged history, redirects.
+
+/// An HTTP server that answers every `POST` with `status` and `Location: /elsewhere`, and
+/// anything else with `404`; counts the `POST`s and the other requests.
+async fn redirecting(
+    status: u16,
+) -> (
+    String,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (posts, others) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (p, o) = (posts.clone(), others.clone());
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let (p, o) = (p.clone(), o.clone());
+            tokio::spawn(async move {
+                let mut stream = BufReader::new(stream);
+                loop {
+                    let mut head = Vec::new();
+                    loop {
+                        let mut line = String::new();
+                        if matches!(stream.read_line(&mut line).await, Ok(0) | Err(_)) {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        head.push(line);
+                    }
+                    let length = head
+                        .iter()
+                        .find_map(|l| {
+                            let (name, value) = l.split_once(':')?;
+                            name.eq_ignore_ascii_case("content-length")
+                                .then(|| value.trim().parse::<usize>().ok())?
+                        })
+                        .unwrap_or(0);
+                    let mut body = vec![0; length];
+                    if stream.read_exact(&mut body).await.is_err() {
+                        return;
+                    }
+                    let answer = if head[0].starts_with("POST ") {
+                        p.fetch_add(1, Ordering::SeqCst);
+                        format!(
+                            "HTTP/1.1 {status} Redirect\r\nLocation: /elsewhere\r\nContent-Length: 0\r\n\r\n"
+                        )
+                    } else {
+                        o.fetch_add(1, Ordering::SeqCst);
+                        "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_string()
+                    };
+                    if stream.get_mut().write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (base, posts, others)
+}
+
+/// Review finding 11: a `303 See Other` says the request was processed (the answer is
+/// elsewhere), so its outcome is unknown, not refused; so is a redirect error (too many
+/// redirects: a 303 may be in the chain) and an error status reached by following a redirect.
+/// `OpenAiCompatible`'s own client follows no redirect, so every 3xx is the provider's own answer.
+#[tokio::test]
+async fn a_see_other_and_redirect_errors_are_unknown_outcomes() {
+    let opts = options().call_timeout(Duration::from_secs(5));
+    let provider_error = |f: Failure| match f {
+        Failure::Provider(e) => e,
+        other => panic!("{other:?}"),
+    };
+    let following = || reqwest::Client::builder().build().unwrap();
+
+    let (base, posts, others) = redirecting(303).await;
+    let e = provider_error(failure_of(&OpenAiCompatible::new("p", &base, "m"), &opts).await);
+    assert_eq!(
+        (e.delivery, e.status),
+        (Delivery::Unknown, Some(303)),
+        "{e}"
+    );
+    let n = |c: &std::sync::atomic::AtomicUsize| c.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!((n(&posts), n(&others)), (1, 0), "not followed");
+    // A client of the caller's that follows it: the error status after it is no refusal.
+    let p = OpenAiCompatible::new("p", &base, "m").with_client(following());
+    let e = provider_error(failure_of(&p, &opts).await);
+    assert_eq!(e.delivery, Delivery::Unknown, "{e}");
+    assert!(n(&others) >= 1, "followed");
+
+    // Too many redirects (a 307 to itself, re-posted): unknown.
+    let (base, posts, _) = redirecting(307).await;
+    let p = OpenAiCompatible::new("p", &base, "m").with_client(following());
+    let e = provider_error(failure_of(&p, &opts).await);
+    assert_eq!((e.delivery, e.status), (Delivery::Unknown, None), "{e}");
+    assert!(n(&posts) > 1);
+
+    // Any other 3xx, not followed: the provider said where to go instead, having done nothing.
+    let (base, _, others) = redirecting(301).await;
+    let e = provider_error(failure_of(&OpenAiCompatible::new("p", &base, "m"), &opts).await);
+    assert_eq!(
+        (e.delivery, e.status),
+        (Delivery::Refused, Some(301)),
+        "{e}"
+    );
+    assert_eq!(n(&others), 0);
+}

@@ -120,6 +120,8 @@ impl OpenAiCompatible {
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             http: reqwest::Client::builder()
                 .connect_timeout(DEFAULT_CONNECT_TIMEOUT)
+                // Every 3xx is the provider's answer: a 303 says it processed the request.
+                .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .expect("the TLS backend initialises"),
         }
@@ -132,7 +134,11 @@ impl OpenAiCompatible {
     }
 
     /// Uses `client` for the requests (its proxies, timeouts, certificates). Give it a connect
-    /// timeout (as [`DEFAULT_CONNECT_TIMEOUT`]) shorter than the call timeout.
+    /// timeout (as [`DEFAULT_CONNECT_TIMEOUT`]) shorter than the call timeout, and no redirects
+    /// (`reqwest::redirect::Policy::none()`, as [`OpenAiCompatible::new`]'s): a client that
+    /// follows them hides a `303 See Other` (the request was processed), so an error status
+    /// reached by following a redirect, and a redirect error, count as
+    /// [`Delivery::Unknown`].
     pub fn with_client(mut self, client: reqwest::Client) -> Self {
         self.http = client;
         self
@@ -191,8 +197,9 @@ impl OpenAiCompatible {
         } else if e.is_builder() || e.is_connect() {
             Delivery::NotSent
         } else if e.is_redirect() {
-            // Every answer was a redirect: nobody processed it.
-            Delivery::Refused
+            // Too many redirects, or a policy's error: a hop may have been a 303, whose
+            // request was processed.
+            Delivery::Unknown
         } else {
             // Sent, or maybe sent: a timeout, a reset, a closed connection.
             Delivery::Unknown
@@ -287,6 +294,8 @@ impl Provider for OpenAiCompatible {
             .map_err(|e| self.transport_error(e, false))?;
         let status = response.status();
         let retry_after = retry_after(response.headers());
+        // A client that follows redirects may have passed a 303 on the way here.
+        let redirected = reqwest::Url::parse(&self.url).is_ok_and(|u| &u != response.url());
         if !status.is_success() {
             // The status is the answer; the body only explains it, so a body that breaks off
             // or runs long changes nothing (the start is kept).
@@ -305,14 +314,20 @@ impl Provider for OpenAiCompatible {
                         .collect()
                 });
             let error = ProviderError::http(status.as_u16(), self.scrub(&message));
-            return Err(match retry_after {
+            let mut error = match retry_after {
                 Some(Some(after)) => error.retry_after(after),
                 Some(None) => ProviderError {
                     delivery: Delivery::of_status(status.as_u16(), true),
                     ..error
                 },
                 None => error,
-            });
+            };
+            if redirected {
+                // Whatever this hop says, an earlier one may have processed the request.
+                error.delivery = Delivery::Unknown;
+                error.message = format!("after a redirect: {}", error.message);
+            }
+            return Err(error);
         }
         let bytes = match read_at_most(&mut response, self.max_response_bytes).await {
             Ok(Ok(bytes)) => bytes,
