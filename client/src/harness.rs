@@ -73,7 +73,13 @@
 //!   certified run's record is written in the same transaction as the certification (table), or
 //!   right after it commits (file). The evidence of a certification lists the runs of the same
 //!   provider and contract recorded since the last certified one (`"history"`): a flaky provider
-//!   run again until it passes leaves the failures in the certification's own evidence. Without
+//!   run again until it passes leaves the failures in the certification's own evidence. Runs of
+//!   the same pair at once (CI shards) cannot slip a failure between two certifications' lists:
+//!   the store is locked from that read to the certification's record (a table `IN SHARE ROW
+//!   EXCLUSIVE MODE` in the certification's transaction, a file with an exclusive `flock`; see
+//!   [`RunHistory`]). The history is read before the first provider call, so one that cannot be
+//!   read fails the run before it is paid for; a file's last record cut short by a crash is
+//!   skipped, and noted (`"history"."skipped"`). Without
 //!   a history the evidence of a refused run is only returned ([`Report::evidence`]) for the
 //!   caller to keep, and `"history"` is `null`. A run that ends with an error (the database
 //!   went away) has no verdict and is not recorded.
@@ -108,14 +114,16 @@
 //!   "history": {"store": "table \"public\".\"harness_runs\"", "earlier_runs": 2, "earlier_failed": 2,
 //!               "runs": [{"run_id": "…", "contract_version": 1, "started_at": "…", "passed": false,
 //!                         "certified": false, "verdict": "refused: 5 of 5 cases failed …",
-//!                         "summary": {…}}, …]}
+//!                         "summary": {…}}, …],
+//!               "skipped": ["line 7: a record cut short (…), skipped"]}
 //! }
 //! ```
 //!
 //! A failed run carries `"failure": {"kind": "provider" | "timeout" | "not_json" | "contract" |
 //! "unstorable" | "check", …}`; a provider failure says its `"delivery"` (`not_sent`,
 //! `refused`, `answered`, `unknown`). Long texts are cut to 2,000 characters, and the history
-//! lists at most [`HISTORY_LISTED`] earlier runs (the counts are of all of them). A case whose
+//! lists at most [`HISTORY_LISTED`] earlier runs (the counts are of all of them); `"skipped"` is
+//! there only when a file history had records cut short. A case whose
 //! system prompt differs from the first case's carries its own `system_prompt`.
 //!
 //! # Example
@@ -1016,13 +1024,16 @@ impl RunError {
 ///   certification is written. An earlier certification of the provider is left as it is
 ///   (revoke it with [`crate::revoke_certification`] if this run shows it drifted).
 ///
-/// With [`RunOptions::history`] the run is recorded there either way, and a certification's
-/// evidence lists the runs recorded since the pair's last certified one (module
-/// documentation).
+/// With [`RunOptions::history`] the history is read before the first provider call (one that
+/// cannot be read is [`RunError::History`] or a database error, before anything is paid for),
+/// the run is recorded there either way, and a certification's evidence lists the runs recorded
+/// since the pair's last certified one, read under the store's lock (module documentation,
+/// [`RunHistory`]).
 ///
 /// `db` needs `intent_app` for `validate_result`, `intent_operator`'s `SELECT` on
 /// `intent.contracts` and `intent.certifications`, and `intent_admin` for `certify_provider`
-/// (plus the history table's privileges). Do not share it with other tasks while the run
+/// (plus the history table's: `SELECT`, `INSERT`, and `UPDATE` for its lock). Do not share it
+/// with other tasks while the run
 /// certifies: the transaction is the connection's. (Whether `db` is in a transaction is found
 /// by trying the savepoint: outside one the server refuses it, SQLSTATE `25P01`, and its log
 /// may show that once per certification.) An undefined contract is
@@ -1043,6 +1054,10 @@ pub async fn run<P: Provider>(
             suite.contract()
         )));
     };
+    // A history that cannot be read fails here too, before the calls are paid for.
+    if let Some(store) = &options.history {
+        store.check(db, provider.name(), suite.contract()).await?;
+    }
     let run_id = Uuid::new_v4();
     let started_at = now();
     let mut cases = Vec::with_capacity(suite.cases.len());
@@ -1094,61 +1109,68 @@ pub async fn run<P: Provider>(
         None
     };
     let passed = refusal.is_none();
-    let history = match &options.history {
-        Some(store) => Some(history_evidence(
-            store,
-            &store
-                .since_last_certified(db, provider.name(), suite.contract())
-                .await?,
-        )),
+    let meta = Run {
+        run_id,
+        contract_version,
+        started_at: &started_at,
+        finished_at: &finished_at,
+    };
+    // This run's record, given the earlier runs read from the history (under its lock).
+    let record_of = |earlier: Option<(&RunHistory, &history::Earlier)>| {
+        let history = earlier.map(|(store, earlier)| history_evidence(store, earlier));
+        json!({
+            "run_id": run_id,
+            "provider": provider.name(),
+            "contract": suite.contract(),
+            "contract_version": contract_version,
+            "started_at": started_at,
+            "finished_at": finished_at,
+            "passed": passed,
+            "certified": false,
+            "verdict": "",
+            "evidence": evidence(&meta, provider, suite, options, &cases, history),
+        })
+    };
+    // A file history is locked from the read of its runs to the append of this run's record
+    // (a table is locked in the certification's transaction): a run recorded meanwhile by
+    // another process comes after this one, in the next certification's list.
+    let locked = match &options.history {
+        Some(store) => store.lock().await?,
         None => None,
     };
-    let evidence = evidence(
-        &Run {
-            run_id,
-            contract_version,
-            started_at: &started_at,
-            finished_at: &finished_at,
-        },
-        provider,
-        suite,
-        options,
-        &cases,
-        history,
-    );
-    let mut record = json!({
-        "run_id": run_id,
-        "provider": provider.name(),
-        "contract": suite.contract(),
-        "contract_version": contract_version,
-        "started_at": started_at,
-        "finished_at": finished_at,
-        "passed": passed,
-        "certified": false,
-        "verdict": "",
-        "evidence": evidence,
-    });
     let mut recorded = false;
     let mut expires_at = None;
-    if passed {
-        match certify_checked(
+    let mut record = if passed {
+        let (certified, record) = certify_checked(
             db,
             provider.name(),
             suite.contract(),
             contract_version,
             run_id,
             options,
-            &mut record,
+            locked.as_ref(),
+            &record_of,
         )
-        .await?
-        {
+        .await?;
+        match certified {
             Certified::Yes { at, recorded: r } => {
                 expires_at = Some(at);
                 recorded = r;
             }
             Certified::No(reason) => refusal = Some(reason),
         }
-    }
+        record
+    } else {
+        match &options.history {
+            Some(store) => {
+                let earlier = store
+                    .since_last_certified(db, locked.as_ref(), provider.name(), suite.contract())
+                    .await?;
+                record_of(Some((store, &earlier)))
+            }
+            None => record_of(None),
+        }
+    };
     let verdict = match (expires_at, refusal) {
         (Some(expires_at), _) => Verdict::Certified { expires_at },
         (None, reason) => Verdict::Refused {
@@ -1160,8 +1182,9 @@ pub async fn run<P: Provider>(
     {
         record["certified"] = json!(verdict_certified(&verdict));
         record["verdict"] = json!(verdict.to_string());
-        store.record(db, &record).await?;
+        store.record(db, locked.as_ref(), &record).await?;
     }
+    drop(locked);
     let Value::Object(mut record) = record else {
         unreachable!("the record is an object")
     };
@@ -1265,9 +1288,15 @@ impl<'a, D: Executor + ?Sized> Tx<'a, D> {
     }
 }
 
-/// Certifies in one transaction, on the version tested only: re-reads the contract's version,
-/// certifies, reads back the version recorded, and (with a history table) records the run in
-/// the same transaction. Rolls back and answers why when the version is not the one tested.
+/// Builds a run's record given the earlier runs read from its history (and the history).
+type RecordOf<'a> = dyn Fn(Option<(&RunHistory, &history::Earlier)>) -> Value + Sync + 'a;
+
+/// Certifies in one transaction, on the version tested only: locks a table history, reads the
+/// runs since the pair's last certification and builds the record (`record_of`), re-reads the
+/// contract's version, certifies, reads back the version recorded, and (with a history table)
+/// records the run in the same transaction. Rolls back and answers why when the version is not
+/// the one tested. Answers the record either way (its evidence is the certification's).
+#[allow(clippy::too_many_arguments)]
 async fn certify_checked(
     db: &(impl Executor + ?Sized),
     provider: &str,
@@ -1275,10 +1304,24 @@ async fn certify_checked(
     tested: i32,
     run_id: Uuid,
     options: &RunOptions,
-    record: &mut Value,
-) -> Result<Certified, RunError> {
+    locked: Option<&history::Locked>,
+    record_of: &RecordOf<'_>,
+) -> Result<(Certified, Value), RunError> {
     let tx = Tx::begin(db).await?;
+    let mut record = Value::Null;
     let outcome = async {
+        // Locked before the read: a run recorded elsewhere from now on waits for this
+        // certification to commit, so it is in the next one's list, never in neither.
+        record = match &options.history {
+            Some(store) => {
+                store.lock_table(db).await?;
+                let earlier = store
+                    .since_last_certified(db, locked, provider, contract)
+                    .await?;
+                record_of(Some((store, &earlier)))
+            }
+            None => record_of(None),
+        };
         match contract_version(db, contract).await? {
             Some(now) if now == tested => {}
             now => {
@@ -1316,7 +1359,7 @@ async fn certify_checked(
         {
             record["certified"] = json!(true);
             record["verdict"] = json!(Verdict::Certified { expires_at: at }.to_string());
-            store.record(db, record).await?;
+            store.record(db, None, &record).await?;
             recorded_here = true;
         }
         Ok(Certified::Yes {
@@ -1328,13 +1371,13 @@ async fn certify_checked(
     match outcome {
         Ok(Certified::Yes { at, recorded }) => {
             tx.commit().await?;
-            Ok(Certified::Yes { at, recorded })
+            Ok((Certified::Yes { at, recorded }, record))
         }
         Ok(no) => {
             tx.rollback().await?;
             // Nothing of the transaction stands: the record is written again, as refused.
             record["certified"] = json!(false);
-            Ok(no)
+            Ok((no, record))
         }
         Err(e) => {
             // The error is what the caller needs to see; a failed rollback only adds to it.
@@ -1418,18 +1461,20 @@ fn kept(output: &Value) -> Value {
 
 /// The `"history"` of the evidence: the earlier runs (summaries, oldest first) since the last
 /// certified one.
-fn history_evidence(store: &RunHistory, earlier: &[Value]) -> Value {
-    let failed = earlier
-        .iter()
-        .filter(|r| r["passed"] != json!(true))
-        .count();
-    let listed = &earlier[earlier.len().saturating_sub(HISTORY_LISTED)..];
-    json!({
+fn history_evidence(store: &RunHistory, earlier: &history::Earlier) -> Value {
+    let runs = &earlier.runs;
+    let failed = runs.iter().filter(|r| r["passed"] != json!(true)).count();
+    let listed = &runs[runs.len().saturating_sub(HISTORY_LISTED)..];
+    let mut history = json!({
         "store": store.to_string(),
-        "earlier_runs": earlier.len(),
+        "earlier_runs": runs.len(),
         "earlier_failed": failed,
         "runs": listed,
-    })
+    });
+    if !earlier.skipped.is_empty() {
+        history["skipped"] = json!(earlier.skipped);
+    }
+    history
 }
 
 /// What names one run in its evidence.
