@@ -888,3 +888,52 @@ async fn sigterm_drains_and_exits_0() {
 async fn sigint_drains_and_exits_0() {
     drains_on("INT").await;
 }
+
+/// Review finding 12: the gateway binds its port before its worker starts. If the bind fails
+/// (the port is taken) the process exits non-zero, and it has claimed nothing: it never even
+/// connected to the database, whose attempts it would otherwise have left `started` (killed
+/// with the process). The "database" here is a listener that counts connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_in_use_exits_non_zero_before_the_worker_claims_anything() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let database = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let db_port = database.local_addr().unwrap().port();
+    let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = connections.clone();
+    let db = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = database.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            held.push(s);
+        }
+    });
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_pg_intent_gateway"))
+        .env(
+            "DATABASE_URL",
+            format!("host=127.0.0.1 port={db_port} user=gateway dbname=app"),
+        )
+        .env("GATEWAY_LISTEN", taken.local_addr().unwrap().to_string())
+        .env("GATEWAY_TOKENS", format!("{ALICE}=alice"))
+        .env("GATEWAY_PROVIDERS", "gpu-a")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the gateway binary");
+    let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+        .await
+        .expect("the gateway exits when its port is taken")
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "exit status {:?}: {log}", out.status);
+    // Give a worker that was started the time to reach its database.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        connections.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the worker reached the database before the bind failed: {log}"
+    );
+    db.abort();
+    drop(taken);
+}
