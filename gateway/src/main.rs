@@ -110,6 +110,9 @@ async fn main() -> Result<(), BoxError> {
     duration_from_env("GATEWAY_HEADER_TIMEOUT", &mut http.header_timeout)?;
     duration_from_env("GATEWAY_BODY_TIMEOUT", &mut http.body_timeout)?;
     number_from_env("GATEWAY_MAX_BODY_BYTES", &mut http.max_body_bytes)?;
+    number_from_env("GATEWAY_MAX_HEAD_BYTES", &mut http.max_head_bytes)?;
+    duration_from_env("GATEWAY_WRITE_TIMEOUT", &mut http.write_timeout)?;
+    number_from_env("GATEWAY_MAX_CONNECTIONS", &mut http.max_connections)?;
     duration_from_env("GATEWAY_DRAIN_TIMEOUT", &mut http.drain_timeout)?;
 
     let database_url = env("DATABASE_URL", "host=localhost user=gateway dbname=app");
