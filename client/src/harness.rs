@@ -36,16 +36,20 @@
 //! | failure | [`Delivery`] | outcome | [`WorkError`] |
 //! |---|---|---|---|
 //! | connection refused, DNS, TLS handshake, connect timeout, a request that cannot be built (a temperature out of range, …) | `NotSent` | nothing was sent | `retryable` (`fail_attempt`) |
-//! | HTTP 3xx (and too many redirects), 4xx (429 included), 501, 505, and 503 **with** `Retry-After` | `Refused` | the provider said it did not process it | `retryable`, after the `Retry-After` when given (`fail_attempt`) |
+//! | HTTP 3xx but 303, 4xx (429 included), 501, 505, and 503 **with** `Retry-After` | `Refused` | the provider said it did not process it | `retryable`, after the `Retry-After` when given (`fail_attempt`) |
 //! | a 2xx answer that is not a chat completion, has no content, or is larger than the limit | `Answered` | the provider finished, and this is its answer | `retryable` (`fail_attempt`) |
 //! | [`Failure::NotJson`]: the answer came in full and does not parse | — | known: an unusable answer | `retryable` (`fail_attempt`) |
-//! | [`Failure::Timeout`] (the call timeout fired), an error while sending or while reading the body, a connection reset, HTTP 500, 502, 504, any other 5xx, and 503 **without** `Retry-After` | `Unknown` | the provider may have done, or still be doing, the work | `unknown` (`mark_unknown`: reconcile first) |
+//! | [`Failure::Timeout`] (the call timeout fired), an error while sending or while reading the body, a connection reset, HTTP 500, 502, 504, any other 5xx, 503 **without** `Retry-After`, `303 See Other`, a redirect error (too many redirects), and an error status reached by following a redirect | `Unknown` | the provider may have done, or still be doing, the work | `unknown` (`mark_unknown`: reconcile first) |
 //!
 //! A 503 without `Retry-After` counts as unknown because proxies answer it when their upstream
 //! reset the connection after the request was forwarded (Envoy's "upstream connect error or
 //! disconnect/reset before headers"); a server that deliberately turns a request away says when
 //! to come back. Erring towards `Unknown` costs a reconciliation; erring the other way costs a
-//! double execution. A call timeout is `Unknown` even when the request was still connecting:
+//! double execution. A `303 See Other` answers a request that *was* processed (its result is
+//! elsewhere), so it is `Unknown`; a redirect chain may hold one, so a redirect error, and an
+//! error status at the end of a chain that was followed, are too. [`OpenAiCompatible`]'s own
+//! client follows no redirect: every 3xx is the provider's own answer. A call timeout is
+//! `Unknown` even when the request was still connecting:
 //! [`OpenAiCompatible`] connects within [`DEFAULT_CONNECT_TIMEOUT`] so that an unreachable
 //! provider fails as `NotSent` first — keep the call timeout longer than that, and the
 //! [`crate::Worker`]'s timeout longer than the call timeout (its timeout marks every attempt
@@ -69,7 +73,13 @@
 //!   certified run's record is written in the same transaction as the certification (table), or
 //!   right after it commits (file). The evidence of a certification lists the runs of the same
 //!   provider and contract recorded since the last certified one (`"history"`): a flaky provider
-//!   run again until it passes leaves the failures in the certification's own evidence. Without
+//!   run again until it passes leaves the failures in the certification's own evidence. Runs of
+//!   the same pair at once (CI shards) cannot slip a failure between two certifications' lists:
+//!   the store is locked from that read to the certification's record (a table `IN SHARE ROW
+//!   EXCLUSIVE MODE` in the certification's transaction, a file with an exclusive `flock`; see
+//!   [`RunHistory`]). The history is read before the first provider call, so one that cannot be
+//!   read fails the run before it is paid for; a file's last record cut short by a crash is
+//!   skipped, and noted (`"history"."skipped"`). Without
 //!   a history the evidence of a refused run is only returned ([`Report::evidence`]) for the
 //!   caller to keep, and `"history"` is `null`. A run that ends with an error (the database
 //!   went away) has no verdict and is not recorded.
@@ -77,8 +87,11 @@
 //!   given its input after the database accepted it; a failed assertion fails the run
 //!   ([`Failure::Check`]), and each run records whether it held.
 //! * **No credentials.** Provider settings must never hold secrets; [`OpenAiCompatible`]
-//!   records its endpoint with [`redact_url`] (userinfo and query values replaced), never its
-//!   API key, and strips the URL from transport errors. Debug and Display show the same.
+//!   records its endpoint with [`redact_url`] (userinfo and query values replaced, the URL read
+//!   as reqwest reads it, so `https:///user:secret@host` loses its credentials too), never its
+//!   API key, strips the URL from transport errors, and scrubs the provider's error texts of the
+//!   user, the password, the query values (as written and percent-decoded) and the API key.
+//!   Debug and Display show the same.
 //! * **Sane settings.** A temperature that is NaN, infinite, negative or above
 //!   [`MAX_TEMPERATURE`] (2, the OpenAI range) is refused before any provider call
 //!   ([`RunError::Options`]; [`ContractSuite::ask`] fails with a `NotSent` provider error).
@@ -101,14 +114,16 @@
 //!   "history": {"store": "table \"public\".\"harness_runs\"", "earlier_runs": 2, "earlier_failed": 2,
 //!               "runs": [{"run_id": "…", "contract_version": 1, "started_at": "…", "passed": false,
 //!                         "certified": false, "verdict": "refused: 5 of 5 cases failed …",
-//!                         "summary": {…}}, …]}
+//!                         "summary": {…}}, …],
+//!               "skipped": ["line 7: a record cut short (…), skipped"]}
 //! }
 //! ```
 //!
 //! A failed run carries `"failure": {"kind": "provider" | "timeout" | "not_json" | "contract" |
 //! "unstorable" | "check", …}`; a provider failure says its `"delivery"` (`not_sent`,
 //! `refused`, `answered`, `unknown`). Long texts are cut to 2,000 characters, and the history
-//! lists at most [`HISTORY_LISTED`] earlier runs (the counts are of all of them). A case whose
+//! lists at most [`HISTORY_LISTED`] earlier runs (the counts are of all of them); `"skipped"` is
+//! there only when a file history had records cut short. A case whose
 //! system prompt differs from the first case's carries its own `system_prompt`.
 //!
 //! # Example
@@ -164,10 +179,12 @@ use crate::worker::WorkError;
 mod history;
 #[cfg(feature = "openai")]
 mod openai;
+mod redact;
 
 pub use history::RunHistory;
 #[cfg(feature = "openai")]
 pub use openai::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RESPONSE_BYTES, OpenAiCompatible};
+pub use redact::redact_url;
 
 /// How many characters of a text (a raw answer, a prompt) the evidence keeps.
 pub const EVIDENCE_TEXT_CHARS: usize = 2000;
@@ -241,8 +258,8 @@ pub enum Delivery {
     /// The request never left: connection refused, DNS, TLS handshake, a connect timeout, a
     /// request that could not be built. Nothing can have happened.
     NotSent,
-    /// The provider answered that it did not process the request: HTTP 3xx, 4xx (429 included),
-    /// 501, 505, and 503 with `Retry-After`.
+    /// The provider answered that it did not process the request: HTTP 3xx but 303, 4xx (429
+    /// included), 501, 505, and 503 with `Retry-After`.
     Refused,
     /// The provider answered in full with a success status, and the answer is unusable (not a
     /// chat completion, no content, larger than the limit): the work is over, and this is
@@ -250,18 +267,21 @@ pub enum Delivery {
     Answered,
     /// The request was, or may have been, sent and no usable answer came: a timeout after the
     /// request started, a connection reset, an error while reading the body, HTTP 500, 502,
-    /// 504, any other 5xx, 503 without `Retry-After`. The provider may have done the work, or
-    /// still be doing it.
+    /// 504, any other 5xx, 503 without `Retry-After`, `303 See Other` (the request was
+    /// processed, its answer is elsewhere), a redirect error, an error status reached by
+    /// following a redirect. The provider may have done the work, or still be doing it.
     Unknown,
 }
 
 impl Delivery {
     /// What an HTTP status says about the request (`retry_after`: whether the answer carried a
-    /// `Retry-After` header). 2xx: `Answered` (an answer, if an unusable one); 3xx, 4xx, 501,
-    /// 505, and 503 with `Retry-After`: `Refused`; everything else: `Unknown`.
+    /// `Retry-After` header). 2xx: `Answered` (an answer, if an unusable one); 3xx but 303,
+    /// 4xx, 501, 505, and 503 with `Retry-After`: `Refused`; everything else: `Unknown`
+    /// (`303 See Other` included: it says the request was processed, and where its result is).
     pub fn of_status(status: u16, retry_after: bool) -> Delivery {
         match status {
             200..=299 => Delivery::Answered,
+            303 => Delivery::Unknown,
             300..=499 | 501 | 505 => Delivery::Refused,
             503 if retry_after => Delivery::Refused,
             _ => Delivery::Unknown,
@@ -427,55 +447,6 @@ pub trait Provider: Send + Sync {
     /// [`Delivery::Unknown`].
     fn call(&self, request: &Request)
     -> impl Future<Output = Result<String, ProviderError>> + Send;
-}
-
-/// `url` with its credentials replaced, for evidence, logs and `Debug`: the userinfo
-/// (`user:secret@`) becomes `redacted@`, every query value becomes `redacted` (a bare query
-/// word too), and the fragment is dropped.
-///
-/// ```
-/// use pg_intent_client::harness::redact_url;
-/// assert_eq!(
-///     redact_url("https://bob:s3cret@api.example.com/v1?api-key=abc&x#frag"),
-///     "https://redacted@api.example.com/v1?api-key=redacted&redacted"
-/// );
-/// assert_eq!(redact_url("http://127.0.0.1:8089/v1"), "http://127.0.0.1:8089/v1");
-/// ```
-pub fn redact_url(url: &str) -> String {
-    let url = url.split_once('#').map_or(url, |(before, _)| before);
-    let (rest, query) = match url.split_once('?') {
-        Some((rest, query)) => (rest, Some(query)),
-        None => (url, None),
-    };
-    let (scheme, after) = match rest.split_once("://") {
-        Some((scheme, after)) => (Some(scheme), after),
-        None => (None, rest),
-    };
-    let (authority, path) = match after.find('/') {
-        Some(at) => after.split_at(at),
-        None => (after, ""),
-    };
-    let host = match authority.rsplit_once('@') {
-        Some((_, host)) => format!("redacted@{host}"),
-        None => authority.to_string(),
-    };
-    let mut out = match scheme {
-        Some(scheme) => format!("{scheme}://{host}{path}"),
-        None => format!("{host}{path}"),
-    };
-    if let Some(query) = query {
-        let pairs: Vec<String> = query
-            .split('&')
-            .filter(|p| !p.is_empty())
-            .map(|p| match p.split_once('=') {
-                Some((key, _)) => format!("{key}=redacted"),
-                None => "redacted".to_string(),
-            })
-            .collect();
-        out.push('?');
-        out.push_str(&pairs.join("&"));
-    }
-    out
 }
 
 /// One input of a suite.
@@ -1053,13 +1024,16 @@ impl RunError {
 ///   certification is written. An earlier certification of the provider is left as it is
 ///   (revoke it with [`crate::revoke_certification`] if this run shows it drifted).
 ///
-/// With [`RunOptions::history`] the run is recorded there either way, and a certification's
-/// evidence lists the runs recorded since the pair's last certified one (module
-/// documentation).
+/// With [`RunOptions::history`] the history is read before the first provider call (one that
+/// cannot be read is [`RunError::History`] or a database error, before anything is paid for),
+/// the run is recorded there either way, and a certification's evidence lists the runs recorded
+/// since the pair's last certified one, read under the store's lock (module documentation,
+/// [`RunHistory`]).
 ///
 /// `db` needs `intent_app` for `validate_result`, `intent_operator`'s `SELECT` on
 /// `intent.contracts` and `intent.certifications`, and `intent_admin` for `certify_provider`
-/// (plus the history table's privileges). Do not share it with other tasks while the run
+/// (plus the history table's: `SELECT`, `INSERT`, and `UPDATE` for its lock). Do not share it
+/// with other tasks while the run
 /// certifies: the transaction is the connection's. (Whether `db` is in a transaction is found
 /// by trying the savepoint: outside one the server refuses it, SQLSTATE `25P01`, and its log
 /// may show that once per certification.) An undefined contract is
@@ -1080,6 +1054,10 @@ pub async fn run<P: Provider>(
             suite.contract()
         )));
     };
+    // A history that cannot be read fails here too, before the calls are paid for.
+    if let Some(store) = &options.history {
+        store.check(db, provider.name(), suite.contract()).await?;
+    }
     let run_id = Uuid::new_v4();
     let started_at = now();
     let mut cases = Vec::with_capacity(suite.cases.len());
@@ -1131,61 +1109,68 @@ pub async fn run<P: Provider>(
         None
     };
     let passed = refusal.is_none();
-    let history = match &options.history {
-        Some(store) => Some(history_evidence(
-            store,
-            &store
-                .since_last_certified(db, provider.name(), suite.contract())
-                .await?,
-        )),
+    let meta = Run {
+        run_id,
+        contract_version,
+        started_at: &started_at,
+        finished_at: &finished_at,
+    };
+    // This run's record, given the earlier runs read from the history (under its lock).
+    let record_of = |earlier: Option<(&RunHistory, &history::Earlier)>| {
+        let history = earlier.map(|(store, earlier)| history_evidence(store, earlier));
+        json!({
+            "run_id": run_id,
+            "provider": provider.name(),
+            "contract": suite.contract(),
+            "contract_version": contract_version,
+            "started_at": started_at,
+            "finished_at": finished_at,
+            "passed": passed,
+            "certified": false,
+            "verdict": "",
+            "evidence": evidence(&meta, provider, suite, options, &cases, history),
+        })
+    };
+    // A file history is locked from the read of its runs to the append of this run's record
+    // (a table is locked in the certification's transaction): a run recorded meanwhile by
+    // another process comes after this one, in the next certification's list.
+    let locked = match &options.history {
+        Some(store) => store.lock().await?,
         None => None,
     };
-    let evidence = evidence(
-        &Run {
-            run_id,
-            contract_version,
-            started_at: &started_at,
-            finished_at: &finished_at,
-        },
-        provider,
-        suite,
-        options,
-        &cases,
-        history,
-    );
-    let mut record = json!({
-        "run_id": run_id,
-        "provider": provider.name(),
-        "contract": suite.contract(),
-        "contract_version": contract_version,
-        "started_at": started_at,
-        "finished_at": finished_at,
-        "passed": passed,
-        "certified": false,
-        "verdict": "",
-        "evidence": evidence,
-    });
     let mut recorded = false;
     let mut expires_at = None;
-    if passed {
-        match certify_checked(
+    let mut record = if passed {
+        let (certified, record) = certify_checked(
             db,
             provider.name(),
             suite.contract(),
             contract_version,
             run_id,
             options,
-            &mut record,
+            locked.as_ref(),
+            &record_of,
         )
-        .await?
-        {
+        .await?;
+        match certified {
             Certified::Yes { at, recorded: r } => {
                 expires_at = Some(at);
                 recorded = r;
             }
             Certified::No(reason) => refusal = Some(reason),
         }
-    }
+        record
+    } else {
+        match &options.history {
+            Some(store) => {
+                let earlier = store
+                    .since_last_certified(db, locked.as_ref(), provider.name(), suite.contract())
+                    .await?;
+                record_of(Some((store, &earlier)))
+            }
+            None => record_of(None),
+        }
+    };
     let verdict = match (expires_at, refusal) {
         (Some(expires_at), _) => Verdict::Certified { expires_at },
         (None, reason) => Verdict::Refused {
@@ -1197,8 +1182,9 @@ pub async fn run<P: Provider>(
     {
         record["certified"] = json!(verdict_certified(&verdict));
         record["verdict"] = json!(verdict.to_string());
-        store.record(db, &record).await?;
+        store.record(db, locked.as_ref(), &record).await?;
     }
+    drop(locked);
     let Value::Object(mut record) = record else {
         unreachable!("the record is an object")
     };
@@ -1302,9 +1288,15 @@ impl<'a, D: Executor + ?Sized> Tx<'a, D> {
     }
 }
 
-/// Certifies in one transaction, on the version tested only: re-reads the contract's version,
-/// certifies, reads back the version recorded, and (with a history table) records the run in
-/// the same transaction. Rolls back and answers why when the version is not the one tested.
+/// Builds a run's record given the earlier runs read from its history (and the history).
+type RecordOf<'a> = dyn Fn(Option<(&RunHistory, &history::Earlier)>) -> Value + Sync + 'a;
+
+/// Certifies in one transaction, on the version tested only: locks a table history, reads the
+/// runs since the pair's last certification and builds the record (`record_of`), re-reads the
+/// contract's version, certifies, reads back the version recorded, and (with a history table)
+/// records the run in the same transaction. Rolls back and answers why when the version is not
+/// the one tested. Answers the record either way (its evidence is the certification's).
+#[allow(clippy::too_many_arguments)]
 async fn certify_checked(
     db: &(impl Executor + ?Sized),
     provider: &str,
@@ -1312,10 +1304,24 @@ async fn certify_checked(
     tested: i32,
     run_id: Uuid,
     options: &RunOptions,
-    record: &mut Value,
-) -> Result<Certified, RunError> {
+    locked: Option<&history::Locked>,
+    record_of: &RecordOf<'_>,
+) -> Result<(Certified, Value), RunError> {
     let tx = Tx::begin(db).await?;
+    let mut record = Value::Null;
     let outcome = async {
+        // Locked before the read: a run recorded elsewhere from now on waits for this
+        // certification to commit, so it is in the next one's list, never in neither.
+        record = match &options.history {
+            Some(store) => {
+                store.lock_table(db).await?;
+                let earlier = store
+                    .since_last_certified(db, locked, provider, contract)
+                    .await?;
+                record_of(Some((store, &earlier)))
+            }
+            None => record_of(None),
+        };
         match contract_version(db, contract).await? {
             Some(now) if now == tested => {}
             now => {
@@ -1353,7 +1359,7 @@ async fn certify_checked(
         {
             record["certified"] = json!(true);
             record["verdict"] = json!(Verdict::Certified { expires_at: at }.to_string());
-            store.record(db, record).await?;
+            store.record(db, None, &record).await?;
             recorded_here = true;
         }
         Ok(Certified::Yes {
@@ -1365,13 +1371,13 @@ async fn certify_checked(
     match outcome {
         Ok(Certified::Yes { at, recorded }) => {
             tx.commit().await?;
-            Ok(Certified::Yes { at, recorded })
+            Ok((Certified::Yes { at, recorded }, record))
         }
         Ok(no) => {
             tx.rollback().await?;
             // Nothing of the transaction stands: the record is written again, as refused.
             record["certified"] = json!(false);
-            Ok(no)
+            Ok((no, record))
         }
         Err(e) => {
             // The error is what the caller needs to see; a failed rollback only adds to it.
@@ -1455,18 +1461,20 @@ fn kept(output: &Value) -> Value {
 
 /// The `"history"` of the evidence: the earlier runs (summaries, oldest first) since the last
 /// certified one.
-fn history_evidence(store: &RunHistory, earlier: &[Value]) -> Value {
-    let failed = earlier
-        .iter()
-        .filter(|r| r["passed"] != json!(true))
-        .count();
-    let listed = &earlier[earlier.len().saturating_sub(HISTORY_LISTED)..];
-    json!({
+fn history_evidence(store: &RunHistory, earlier: &history::Earlier) -> Value {
+    let runs = &earlier.runs;
+    let failed = runs.iter().filter(|r| r["passed"] != json!(true)).count();
+    let listed = &runs[runs.len().saturating_sub(HISTORY_LISTED)..];
+    let mut history = json!({
         "store": store.to_string(),
-        "earlier_runs": earlier.len(),
+        "earlier_runs": runs.len(),
         "earlier_failed": failed,
         "runs": listed,
-    })
+    });
+    if !earlier.skipped.is_empty() {
+        history["skipped"] = json!(earlier.skipped);
+    }
+    history
 }
 
 /// What names one run in its evidence.
@@ -1603,6 +1611,12 @@ mod tests {
         for (status, retry_after, want) in [
             (200, false, Answered),
             (301, false, Refused),
+            (302, false, Refused),
+            (307, false, Refused),
+            (308, false, Refused),
+            // 303 See Other: the request was processed, its answer is elsewhere.
+            (303, false, Unknown),
+            (303, true, Unknown),
             (400, false, Refused),
             (401, false, Refused),
             (404, false, Refused),
@@ -1731,29 +1745,5 @@ mod tests {
                 .unwrap_err()
                 .contains("NaN")
         );
-    }
-
-    #[test]
-    fn urls_lose_their_credentials() {
-        for (url, want) in [
-            (
-                "http://user:secret@127.0.0.1:8089/v1/chat/completions",
-                "http://redacted@127.0.0.1:8089/v1/chat/completions",
-            ),
-            (
-                "https://api.example.com/v1?key=sk-123&api-version=2024",
-                "https://api.example.com/v1?key=redacted&api-version=redacted",
-            ),
-            (
-                "https://tok@api.example.com?sk-bare#frag",
-                "https://redacted@api.example.com?redacted",
-            ),
-            ("http://h:1/v1", "http://h:1/v1"),
-            ("user:pw@host/x?y=z", "redacted@host/x?y=redacted"),
-        ] {
-            assert_eq!(redact_url(url), want, "{url}");
-        }
-        // An @ in the path is not userinfo.
-        assert_eq!(redact_url("http://h/a@b"), "http://h/a@b");
     }
 }

@@ -1433,6 +1433,45 @@ async fn credentials_never_reach_the_evidence() {
     }
 }
 
+/// Review finding 5: reqwest's URL parser skips any number of `/` and `\` after a special
+/// scheme, so `https:///user:secret@host/` and `https:/user:secret@host/` send basic-auth
+/// credentials; the endpoint, Display, Debug and settings (and so the evidence) must not show
+/// them. The authority was taken as "after `://`, up to the first `/`", which saw none.
+#[test]
+fn credentials_behind_extra_slashes_are_redacted() {
+    let mut leaks = Vec::new();
+    for url in [
+        "https:///user:s3cret-pw@api.example.com/v1",
+        "https:/user:s3cret-pw@api.example.com/v1",
+        "https://///user:s3cret-pw@api.example.com/v1",
+        "https:\\\\user:s3cret-pw@api.example.com/v1",
+    ] {
+        let parsed = reqwest::Url::parse(url).unwrap();
+        assert_eq!(
+            parsed.password(),
+            Some("s3cret-pw"),
+            "{url}: reqwest sends it"
+        );
+        let p = OpenAiCompatible::new("p", url, "m");
+        for shown in [
+            harness::redact_url(url),
+            p.endpoint().to_string(),
+            format!("{p}"),
+            format!("{p:?}"),
+            p.settings().to_string(),
+        ] {
+            if shown.contains("s3cret-pw") {
+                leaks.push(format!("{url}: shown as {shown}"));
+            }
+        }
+        assert_eq!(
+            p.endpoint(),
+            "https://redacted@api.example.com/v1/chat/completions"
+        );
+    }
+    assert!(leaks.is_empty(), "{leaks:#?}");
+}
+
 /// Issue 17, part 5: the OpenAI-compatible provider reads at most `max_response_bytes` of an
 /// answer, and fails as a provider error (answered, too large) beyond it, without buffering
 /// the rest: an answer that never ends is cut off, not waited for.
@@ -1478,4 +1517,341 @@ async fn answers_larger_than_the_limit_fail_without_being_buffered() {
         .ask(&roomy, &captions::input("a red fox"), &opts)
         .await
         .unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Review of issue 17: concurrent runs, a damaged history, redirects.
+
+/// An HTTP server that answers every `POST` with `status` and `Location: /elsewhere`, and
+/// anything else with `404`; counts the `POST`s and the other requests.
+async fn redirecting(
+    status: u16,
+) -> (
+    String,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (posts, others) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (p, o) = (posts.clone(), others.clone());
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let (p, o) = (p.clone(), o.clone());
+            tokio::spawn(async move {
+                let mut stream = BufReader::new(stream);
+                loop {
+                    let mut head = Vec::new();
+                    loop {
+                        let mut line = String::new();
+                        if matches!(stream.read_line(&mut line).await, Ok(0) | Err(_)) {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        head.push(line);
+                    }
+                    let length = head
+                        .iter()
+                        .find_map(|l| {
+                            let (name, value) = l.split_once(':')?;
+                            name.eq_ignore_ascii_case("content-length")
+                                .then(|| value.trim().parse::<usize>().ok())?
+                        })
+                        .unwrap_or(0);
+                    let mut body = vec![0; length];
+                    if stream.read_exact(&mut body).await.is_err() {
+                        return;
+                    }
+                    let answer = if head[0].starts_with("POST ") {
+                        p.fetch_add(1, Ordering::SeqCst);
+                        format!(
+                            "HTTP/1.1 {status} Redirect\r\nLocation: /elsewhere\r\nContent-Length: 0\r\n\r\n"
+                        )
+                    } else {
+                        o.fetch_add(1, Ordering::SeqCst);
+                        "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_string()
+                    };
+                    if stream.get_mut().write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (base, posts, others)
+}
+
+/// Review finding 11: a `303 See Other` says the request was processed (the answer is
+/// elsewhere), so its outcome is unknown, not refused; so is a redirect error (too many
+/// redirects: a 303 may be in the chain) and an error status reached by following a redirect.
+/// `OpenAiCompatible`'s own client follows no redirect, so every 3xx is the provider's own answer.
+#[tokio::test]
+async fn a_see_other_and_redirect_errors_are_unknown_outcomes() {
+    let opts = options().call_timeout(Duration::from_secs(5));
+    let provider_error = |f: Failure| match f {
+        Failure::Provider(e) => e,
+        other => panic!("{other:?}"),
+    };
+    let following = || reqwest::Client::builder().build().unwrap();
+
+    let (base, posts, others) = redirecting(303).await;
+    let e = provider_error(failure_of(&OpenAiCompatible::new("p", &base, "m"), &opts).await);
+    assert_eq!(
+        (e.delivery, e.status),
+        (Delivery::Unknown, Some(303)),
+        "{e}"
+    );
+    let n = |c: &std::sync::atomic::AtomicUsize| c.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!((n(&posts), n(&others)), (1, 0), "not followed");
+    // A client of the caller's that follows it: the error status after it is no refusal.
+    let p = OpenAiCompatible::new("p", &base, "m").with_client(following());
+    let e = provider_error(failure_of(&p, &opts).await);
+    assert_eq!(e.delivery, Delivery::Unknown, "{e}");
+    assert!(n(&others) >= 1, "followed");
+
+    // Too many redirects (a 307 to itself, re-posted): unknown.
+    let (base, posts, _) = redirecting(307).await;
+    let p = OpenAiCompatible::new("p", &base, "m").with_client(following());
+    let e = provider_error(failure_of(&p, &opts).await);
+    assert_eq!((e.delivery, e.status), (Delivery::Unknown, None), "{e}");
+    assert!(n(&posts) > 1);
+
+    // Any other 3xx, not followed: the provider said where to go instead, having done nothing.
+    let (base, _, others) = redirecting(301).await;
+    let e = provider_error(failure_of(&OpenAiCompatible::new("p", &base, "m"), &opts).await);
+    assert_eq!(
+        (e.delivery, e.status),
+        (Delivery::Refused, Some(301)),
+        "{e}"
+    );
+    assert_eq!(n(&others), 0);
+}
+
+/// A provider that always gives the same answer, and counts its calls.
+struct Fixed {
+    answer: &'static str,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl Fixed {
+    fn new(answer: &'static str) -> Self {
+        Fixed {
+            answer,
+            calls: Default::default(),
+        }
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Provider for Fixed {
+    fn name(&self) -> &str {
+        "gpu-x"
+    }
+
+    async fn call(&self, _: &Request) -> Result<String, ProviderError> {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(self.answer.to_string())
+    }
+}
+
+/// How many sessions of this database wait for a lock.
+async fn waiting_for_locks(db: &Connection) -> i64 {
+    db.query_one(
+        "SELECT count(*) FROM pg_stat_activity
+          WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// Whether a process waits for a `flock` on the file whose inode is `inode` (Linux's
+/// /proc/locks lists blocked waiters with `->`).
+fn flock_waited_for(inode: u64) -> bool {
+    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+    locks.lines().any(|l| {
+        l.contains("->")
+            && l.contains("FLOCK")
+            && l.split_whitespace().any(|f| {
+                f.rsplit(':').next().and_then(|i| i.parse::<u64>().ok()) == Some(inode)
+                    && f.contains(':')
+            })
+    })
+}
+
+/// Review finding 4: a failed run recorded while another run of the same pair certifies is in
+/// some certification's evidence. The certifying run read "the runs since the last
+/// certification" outside any lock, before its transaction; a failure recorded after that read
+/// and before the certification's own record fell between two windows and was listed by
+/// neither. Run the flaky provider's suite concurrently (CI shards do) and the failures fall into
+/// that gap. Sequenced here with a lock on intent.certifications, which holds the certifying run
+/// (B) inside its certification while the failing run (A) is recorded; A may wait for B (the
+/// history is locked while B certifies), so the lock is released once A is done or waits.
+#[tokio::test]
+async fn a_failure_recorded_during_a_certification_is_in_some_certifications_evidence() {
+    let t = TestDb::new().await;
+    let admin = t.conn().await;
+    intent::define_contract(&admin, "c-x", &json!({}), None)
+        .await
+        .unwrap();
+    let file = std::env::temp_dir().join(format!("pg_intent_runs_{}.jsonl", Uuid::new_v4()));
+    std::fs::write(&file, "").unwrap();
+    let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&file).unwrap());
+    for history in [
+        RunHistory::table("public.harness_runs"),
+        RunHistory::json_lines(&file),
+    ] {
+        admin
+            .batch_execute("DELETE FROM intent.certifications")
+            .await
+            .unwrap();
+        history.create_table(&admin).await.unwrap();
+        let suite = ContractSuite::new("c-x", |_| Prompt::default()).case("one", json!({}));
+        let opts = RunOptions::default()
+            .runs_per_case(1)
+            .call_timeout(Duration::from_secs(5))
+            .history(history.clone());
+
+        let locker = t.conn().await;
+        locker
+            .batch_execute("BEGIN; LOCK TABLE intent.certifications IN EXCLUSIVE MODE")
+            .await
+            .unwrap();
+        let db_b = t.conn().await;
+        let (suite_b, opts_b) = (suite.clone(), opts.clone());
+        let b = tokio::spawn(async move {
+            harness::run(&db_b, &Fixed::new("{}"), &suite_b, &opts_b)
+                .await
+                .unwrap()
+        });
+        // B is certifying (its certify_provider waits for the lock).
+        while waiting_for_locks(&admin).await < 1 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // A fails, and is recorded (or waits to be, until B is done).
+        let db_a = t.conn().await;
+        let (suite_a, opts_a) = (suite.clone(), opts.clone());
+        let a = tokio::spawn(async move {
+            harness::run(&db_a, &Fixed::new("not json"), &suite_a, &opts_a)
+                .await
+                .unwrap()
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !a.is_finished()
+            && waiting_for_locks(&admin).await < 2
+            && !flock_waited_for(inode)
+            && std::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        locker.batch_execute("COMMIT").await.unwrap();
+        let a = a.await.unwrap();
+        assert!(!a.certified());
+        let b = b.await.unwrap();
+        assert!(b.certified(), "{history}: {}", b.verdict);
+        // A later certification of the same pair.
+        let c = harness::run(&admin, &Fixed::new("{}"), &suite, &opts)
+            .await
+            .unwrap();
+        assert!(c.certified(), "{history}: {}", c.verdict);
+
+        let listed: Vec<Value> = admin
+            .query(
+                "SELECT evidence FROM intent.certifications WHERE provider = 'gpu-x' ORDER BY id",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, Value>(0)["history"].clone())
+            .collect();
+        let runs = history.runs(&admin, "gpu-x", "c-x").await.unwrap();
+        let order: Vec<(Value, Value)> = runs
+            .iter()
+            .map(|r| (r["run_id"].clone(), r["passed"].clone()))
+            .collect();
+        let a_id = json!(a.run_id);
+        assert!(
+            listed.iter().any(|h| h["runs"]
+                .as_array()
+                .is_some_and(|runs| runs.iter().any(|r| r["run_id"] == a_id))),
+            "{history}: the failed run {} is recorded (history order {order:?}) but listed in \
+             no certification's evidence: {listed:#?}",
+            a.run_id
+        );
+    }
+    std::fs::remove_file(&file).unwrap();
+}
+
+/// Review finding 13: a crash in the middle of an append leaves the file's last line cut short.
+/// That line is skipped (and the evidence says so), the next record starts on a line of its own,
+/// and the runs after it read the file as before. A line that is damaged otherwise fails the run
+/// before any provider call is paid for.
+#[tokio::test]
+async fn a_history_file_cut_short_by_a_crash_is_read_and_a_damaged_one_fails_first() {
+    let t = TestDb::new().await;
+    let db = t.conn().await;
+    intent::define_contract(&db, "c-x", &json!({}), None)
+        .await
+        .unwrap();
+    let file = std::env::temp_dir().join(format!("pg_intent_runs_{}.jsonl", Uuid::new_v4()));
+    let history = RunHistory::json_lines(&file);
+    let suite = ContractSuite::new("c-x", |_| Prompt::default()).case("one", json!({}));
+    let opts = RunOptions::default()
+        .runs_per_case(1)
+        .call_timeout(Duration::from_secs(5))
+        .history(history.clone());
+    let failing = Fixed::new("not json");
+    let first = harness::run(&db, &failing, &suite, &opts).await.unwrap();
+    assert!(!first.certified());
+    // The crash: half a record, no newline.
+    let whole = std::fs::read_to_string(&file).unwrap();
+    let cut = &whole[..whole.len() / 2];
+    std::fs::write(&file, format!("{whole}{cut}")).unwrap();
+
+    let good = Fixed::new("{}");
+    let r = harness::run(&db, &good, &suite, &opts)
+        .await
+        .expect("a history cut short by a crash is read, its last line skipped");
+    assert!(r.certified(), "{}", r.verdict);
+    let h = &r.evidence["history"];
+    assert_eq!(h["earlier_runs"], 1, "{h}");
+    assert_eq!(h["runs"][0]["run_id"], json!(first.run_id));
+    let skipped = h["skipped"].to_string();
+    assert!(skipped.contains("line 2"), "the skipped line is noted: {h}");
+    // The new record is on a line of its own, and the file reads as before.
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.ends_with('\n'));
+    assert_eq!(text.lines().count(), 3, "{text}");
+    let again = harness::run(&db, &good, &suite, &opts).await.unwrap();
+    assert!(again.certified(), "{}", again.verdict);
+    assert_eq!(again.evidence["history"]["earlier_runs"], 0);
+    let runs = history.runs(&db, "gpu-x", "c-x").await.unwrap();
+    assert_eq!(
+        runs.iter().map(|r| r["run_id"].clone()).collect::<Vec<_>>(),
+        [first.run_id, r.run_id, again.run_id].map(|id| json!(id))
+    );
+
+    // A line damaged in the middle of the file is not a crash's: the run fails, before any call.
+    std::fs::write(&file, format!("{whole}not a record\n{whole}")).unwrap();
+    let before = good.calls();
+    let err = harness::run(&db, &good, &suite, &opts).await.unwrap_err();
+    assert!(
+        matches!(&err, RunError::History { source, .. } if source.to_string().contains("line 2")),
+        "{err:?}"
+    );
+    assert_eq!(good.calls(), before, "no provider call is paid for");
+    std::fs::remove_file(&file).unwrap();
 }

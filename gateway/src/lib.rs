@@ -15,6 +15,7 @@
 //! | the same key, another body or provider | `422` problem `idempotency-key-reused` (`IJ001`) |
 //! | a body over [`HttpConfig::max_body_bytes`] | `413` problem `payload-too-large` |
 //! | a body slower than [`HttpConfig::body_timeout`] | `408` problem `request-timeout` |
+//! | a head over [`HttpConfig::max_head_bytes`] | `431`, the connection closed |
 //! | the database unreachable, too slow ([`DatabaseConfig`]) or transient (57P01, 57014, 08…) | `503` problem `unavailable`, `Retry-After` |
 //!
 //! The owner of a job is the authenticated caller, never something the body says; the job is
@@ -28,6 +29,7 @@
 pub mod key;
 pub mod problem;
 mod worker;
+mod write_timeout;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -54,6 +56,9 @@ use uuid::Uuid;
 
 use crate::key::KeyError;
 use crate::problem::{Kind, Problem};
+
+/// The smallest [`HttpConfig::max_head_bytes`] (hyper's smallest buffer): 8 KiB.
+pub const MIN_HEAD_BYTES: usize = 8 * 1024;
 
 /// The response header that marks a replay: the stored outcome of an earlier request with the
 /// same key, not a new execution (the name Stripe's API made common).
@@ -179,6 +184,22 @@ pub struct HttpConfig {
     /// chunked body as soon as it passes the limit. Default 2 MiB (the database stores params
     /// up to 1 MiB and says `22023` beyond).
     pub max_body_bytes: usize,
+    /// The largest request head (request line and headers) the gateway reads: a larger one is
+    /// answered `431` and the connection closed. It also caps each connection's read and write
+    /// buffers (hyper's `max_buf_size`, ~400 KiB by default), which is what an unauthenticated
+    /// connection can make the gateway hold. Default 32 KiB; at least 8 KiB (hyper's minimum:
+    /// a smaller value counts as 8 KiB).
+    pub max_head_bytes: usize,
+    /// How long a write to a connection may stay pending without any progress (the client
+    /// reads nothing, and the socket buffers are full): past it the connection is closed.
+    /// Default 30 s; zero: no limit. A client that reads slowly but steadily is not cut off:
+    /// [`HttpConfig::max_connections`] bounds how many can.
+    pub write_timeout: Duration,
+    /// How many connections are served at once. Beyond it the gateway accepts no more until
+    /// one closes: new connections wait in the kernel's listen backlog (and are refused by the
+    /// kernel once it is full). Each connection is bounded by the timeouts above, so the slots
+    /// come back. Default 1024; at least 1.
+    pub max_connections: usize,
     /// On shutdown, how long requests in flight may still finish; then their connections are
     /// closed. Default 20 s.
     pub drain_timeout: Duration,
@@ -190,6 +211,9 @@ impl Default for HttpConfig {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             max_body_bytes: 2 * 1024 * 1024,
+            max_head_bytes: 32 * 1024,
+            write_timeout: Duration::from_secs(30),
+            max_connections: 1024,
             drain_timeout: Duration::from_secs(20),
         }
     }
@@ -354,7 +378,10 @@ impl Gateway {
     /// (idle kept-alive connections are closed at once) and returns.
     ///
     /// A connection that takes longer than [`HttpConfig::header_timeout`] to send a request
-    /// head, or stays idle that long, is closed.
+    /// head, or stays idle that long, is closed; so is one whose head is larger than
+    /// [`HttpConfig::max_head_bytes`] (after a `431`), and one that reads none of its answers
+    /// for [`HttpConfig::write_timeout`]. At most [`HttpConfig::max_connections`] are served at
+    /// once: beyond it the listener accepts no more until one closes.
     pub async fn serve(
         &self,
         listener: tokio::net::TcpListener,
@@ -363,14 +390,28 @@ impl Gateway {
         let http = self.config().http.clone();
         let router = self.router();
         let mut builder = hyper::server::conn::http1::Builder::new();
+        let head = http.max_head_bytes.max(MIN_HEAD_BYTES);
         builder
             .timer(hyper_util::rt::TokioTimer::new())
-            .header_read_timeout(http.header_timeout);
+            .header_read_timeout(http.header_timeout)
+            // Both: the head limit answers 431, the buffer limit caps what a connection holds.
+            .max_header_size(head)
+            .max_buf_size(head);
+        let slots = Arc::new(tokio::sync::Semaphore::new(
+            http.max_connections
+                .clamp(1, tokio::sync::Semaphore::MAX_PERMITS),
+        ));
         // Dropped on shutdown: every connection is then told to finish its request and close.
         let (draining, drain) = tokio::sync::watch::channel(());
         let mut connections = tokio::task::JoinSet::new();
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
+            // A slot first: at the limit, nothing more is accepted until a connection closes.
+            let slot = tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
+            };
             let stream = tokio::select! {
                 biased;
                 () = &mut shutdown => break,
@@ -386,11 +427,15 @@ impl Gateway {
             };
             let _ = stream.set_nodelay(true);
             let conn = builder.serve_connection(
-                hyper_util::rt::TokioIo::new(stream),
+                hyper_util::rt::TokioIo::new(write_timeout::WriteTimeout::new(
+                    stream,
+                    http.write_timeout,
+                )),
                 hyper_util::service::TowerToHyperService::new(router.clone()),
             );
             let mut drain = drain.clone();
             connections.spawn(async move {
+                let _slot = slot;
                 let mut conn = std::pin::pin!(conn);
                 tokio::select! {
                     _ = conn.as_mut() => return,

@@ -110,6 +110,9 @@ async fn main() -> Result<(), BoxError> {
     duration_from_env("GATEWAY_HEADER_TIMEOUT", &mut http.header_timeout)?;
     duration_from_env("GATEWAY_BODY_TIMEOUT", &mut http.body_timeout)?;
     number_from_env("GATEWAY_MAX_BODY_BYTES", &mut http.max_body_bytes)?;
+    number_from_env("GATEWAY_MAX_HEAD_BYTES", &mut http.max_head_bytes)?;
+    duration_from_env("GATEWAY_WRITE_TIMEOUT", &mut http.write_timeout)?;
+    number_from_env("GATEWAY_MAX_CONNECTIONS", &mut http.max_connections)?;
     duration_from_env("GATEWAY_DRAIN_TIMEOUT", &mut http.drain_timeout)?;
 
     let database_url = env("DATABASE_URL", "host=localhost user=gateway dbname=app");
@@ -146,10 +149,12 @@ async fn main() -> Result<(), BoxError> {
             eprintln!("pg_intent_gateway: {name}: already shutting down");
         }
     });
-    let worker = (env("GATEWAY_WORKER", "true") == "true")
-        .then(|| gateway.spawn_worker_until(until_stopped(stopped.clone())));
+    // The port first: if it cannot be bound the process exits before the worker has claimed
+    // an attempt (which exiting would leave `started`, to lapse to `unknown`).
     let listener = tokio::net::TcpListener::bind(env("GATEWAY_LISTEN", "127.0.0.1:8080")).await?;
     eprintln!("pg_intent_gateway: listening on {}", listener.local_addr()?);
+    let worker = (env("GATEWAY_WORKER", "true") == "true")
+        .then(|| gateway.spawn_worker_until(until_stopped(stopped.clone())));
     gateway.serve(listener, until_stopped(stopped)).await?;
     if let Some(worker) = worker {
         // The worker's own shutdown: running attempts get the grace period, the rest are

@@ -680,6 +680,210 @@ async fn repeated_headers_are_400() {
     assert_eq!(job_count(&db).await, 0);
 }
 
+/// No database: a pool to a port nobody listens on (connected lazily, never here).
+const NO_DATABASE: &str = "host=127.0.0.1 port=1 user=x dbname=x";
+
+/// Review finding 6: a client that pipelines requests and never reads the answers. Once the
+/// socket buffers are full the gateway's writes block; header_timeout covers reading a head
+/// only, so nothing covered that write and the connection (its task, its buffers, its
+/// descriptor) lived as long as the client liked, unauthenticated (`GET /problems/…` needs no
+/// token). The write timeout closes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_is_cut_off() {
+    let mut c = config();
+    c.http.write_timeout = Duration::from_secs(1);
+    let gw = serve(NO_DATABASE, c, 1).await;
+    // A small receive window, so that the gateway's send buffer (a few MiB at most) is what
+    // fills: the answers below are tens of MiB.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let stream = socket.connect(gw.addr.parse().unwrap()).await.unwrap();
+    let (mut read, mut write) = stream.into_split();
+    const N: usize = 100_000;
+    let writer = tokio::spawn(async move {
+        let one = b"GET /problems/unauthorized HTTP/1.1\r\nHost: gw\r\n\r\n";
+        for _ in 0..N {
+            if write.write_all(one).await.is_err() {
+                return;
+            }
+        }
+        std::future::pending::<()>().await;
+    });
+    // Three write timeouts, five header timeouts: nothing read.
+    let stall = Duration::from_secs(3);
+    tokio::time::sleep(stall).await;
+    let started = Instant::now();
+    let (mut answered, mut bytes) = (0, 0usize);
+    let mut buf = vec![0; 1 << 16];
+    let mut tail = Vec::new();
+    let closed = loop {
+        match tokio::time::timeout(Duration::from_secs(5), read.read(&mut buf)).await {
+            Err(_) => break false,
+            Ok(Ok(0) | Err(_)) => break true,
+            Ok(Ok(n)) => {
+                bytes += n;
+                tail.extend_from_slice(&buf[..n]);
+                answered += String::from_utf8_lossy(&tail)
+                    .matches("HTTP/1.1 200")
+                    .count();
+                // Keep a little in case a status line is split across reads.
+                tail.drain(..tail.len().saturating_sub("HTTP/1.1 200".len() - 1));
+            }
+        }
+        if started.elapsed() > Duration::from_secs(20) {
+            break false;
+        }
+    };
+    writer.abort();
+    let report = format!(
+        "{answered} of {N} pipelined requests answered ({} KiB) after a {stall:?} stall, \
+         read in {:?}",
+        bytes >> 10,
+        started.elapsed()
+    );
+    eprintln!("{report}");
+    assert!(closed, "the connection survived the stall: {report}");
+    assert!(answered < N / 2, "{report}");
+}
+
+/// Review finding 6: unauthenticated memory. Each connection could hold a head of up to hyper's
+/// default buffer (about 400 KiB) for header_timeout, and neither connections nor their buffers
+/// were capped: 300 sockets that sent 390 KiB of headers and stopped cost the gateway ~115 MiB.
+/// Now a head over max_head_bytes (32 KiB) is answered 431 and its connection closed.
+///
+/// The process's resident size is measured in a process of its own (this test binary again,
+/// running this test alone), so that the other tests' allocations do not count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_heads_cannot_hold_much_memory() {
+    const ALONE: &str = "PG_INTENT_GATEWAY_TEST_ALONE";
+    if std::env::var_os(ALONE).is_none() {
+        let out = tokio::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "unauthenticated_heads_cannot_hold_much_memory",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(ALONE, "1")
+            .output()
+            .await
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{log}");
+        assert!(log.contains("1 passed"), "{log}");
+        return;
+    }
+    let mut c = config();
+    c.http.header_timeout = Duration::from_secs(10);
+    let gw = serve(NO_DATABASE, c, 1).await;
+    let rss = || {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            * 1024
+    };
+    let head = format!(
+        "GET /problems/unauthorized HTTP/1.1\r\nHost: gw\r\n{}",
+        format!("X-Pad: {}\r\n", "a".repeat(120)).repeat(390 * 1024 / 128)
+    );
+    let head: &'static [u8] = Box::leak(head.into_bytes().into_boxed_slice());
+    let before = rss();
+    let mut socks = Vec::new();
+    for _ in 0..300 {
+        let mut s = TcpStream::connect(&gw.addr).await.unwrap();
+        // The gateway stops reading (and closes) long before the end: the write may fail.
+        let _ = tokio::time::timeout(Duration::from_secs(2), s.write_all(head)).await;
+        socks.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let grown = rss().saturating_sub(before);
+    // Each is answered 431 (or reset, which may drop the answer) and closed, at once.
+    let mut open = 0;
+    for s in &mut socks {
+        let mut got = Vec::new();
+        let ended = loop {
+            let mut buf = [0; 1024];
+            match tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await {
+                Err(_) => break false,
+                Ok(Ok(0) | Err(_)) => break true,
+                Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            }
+        };
+        let status = String::from_utf8_lossy(&got);
+        assert!(
+            got.is_empty() || status.starts_with("HTTP/1.1 431"),
+            "{status}"
+        );
+        open += usize::from(!ended);
+    }
+    eprintln!(
+        "{} connections, no token: the process grew by {} MiB",
+        socks.len(),
+        grown >> 20
+    );
+    assert_eq!(open, 0, "heads over the limit keep their connections");
+    assert!(
+        grown < 32 << 20,
+        "300 unauthenticated connections hold {} MiB",
+        grown >> 20
+    );
+}
+
+/// A head within max_head_bytes is served; one over it is answered 431.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_over_max_head_bytes_is_431() {
+    let gw = serve(NO_DATABASE, config(), 1).await;
+    for (pad, status) in [(20 * 1024, 200), (40 * 1024, 431)] {
+        let mut s = BufReader::new(TcpStream::connect(&gw.addr).await.unwrap());
+        let head = format!(
+            "GET /problems/unauthorized HTTP/1.1\r\nHost: gw\r\nX-Pad: {}\r\n\r\n",
+            "a".repeat(pad)
+        );
+        let _ = s.get_mut().write_all(head.as_bytes()).await;
+        let answer = tokio::time::timeout(Duration::from_secs(5), read_response(&mut s))
+            .await
+            .unwrap();
+        assert_eq!(answer.map(|a| a.0), Some(status), "a {pad}-byte header");
+    }
+}
+
+/// At most max_connections are served at once; the next waits until one closes, then is
+/// served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_limit_wait_for_a_free_one() {
+    let mut c = config();
+    c.http.max_connections = 2;
+    c.http.header_timeout = Duration::from_secs(10);
+    let gw = serve(NO_DATABASE, c, 1).await;
+    let idle = [
+        TcpStream::connect(&gw.addr).await.unwrap(),
+        TcpStream::connect(&gw.addr).await.unwrap(),
+    ];
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut third = BufReader::new(TcpStream::connect(&gw.addr).await.unwrap());
+    third
+        .get_mut()
+        .write_all(b"GET /problems/unauthorized HTTP/1.1\r\nHost: gw\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(700), read_response(&mut third))
+            .await
+            .is_err(),
+        "a third connection was served beside two"
+    );
+    let [first, _second] = idle;
+    drop(first);
+    let answer = tokio::time::timeout(Duration::from_secs(3), read_response(&mut third))
+        .await
+        .expect("served once a slot is free");
+    assert_eq!(answer.map(|a| a.0), Some(200));
+}
+
 // ---------------------------------------------------------------------------------------------
 // SIGTERM and SIGINT: the gateway binary as a real process.
 
@@ -887,4 +1091,53 @@ async fn sigterm_drains_and_exits_0() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigint_drains_and_exits_0() {
     drains_on("INT").await;
+}
+
+/// Review finding 12: the gateway binds its port before its worker starts. If the bind fails
+/// (the port is taken) the process exits non-zero, and it has claimed nothing: it never even
+/// connected to the database, whose attempts it would otherwise have left `started` (killed
+/// with the process). The "database" here is a listener that counts connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_in_use_exits_non_zero_before_the_worker_claims_anything() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let database = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let db_port = database.local_addr().unwrap().port();
+    let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = connections.clone();
+    let db = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = database.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            held.push(s);
+        }
+    });
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_pg_intent_gateway"))
+        .env(
+            "DATABASE_URL",
+            format!("host=127.0.0.1 port={db_port} user=gateway dbname=app"),
+        )
+        .env("GATEWAY_LISTEN", taken.local_addr().unwrap().to_string())
+        .env("GATEWAY_TOKENS", format!("{ALICE}=alice"))
+        .env("GATEWAY_PROVIDERS", "gpu-a")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the gateway binary");
+    let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+        .await
+        .expect("the gateway exits when its port is taken")
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "exit status {:?}: {log}", out.status);
+    // Give a worker that was started the time to reach its database.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        connections.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the worker reached the database before the bind failed: {log}"
+    );
+    db.abort();
+    drop(taken);
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::redact::{scrub, url_secrets};
 use super::{Delivery, Provider, ProviderError, Request, check_temperature, redact_url};
 
 /// How much of an error answer's body is read (and at most [`ERROR_BODY_CHARS`] of it kept).
@@ -31,7 +32,11 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 ///
 /// Credentials in the URL (`https://user:secret@host/`, `?api-key=…`) are sent, and shown
 /// nowhere: [`OpenAiCompatible::endpoint`], the evidence, `Debug` and `Display` show the URL
-/// through [`redact_url`], the API key is never shown, and transport errors lose their URL.
+/// through [`redact_url`] (which reads it as reqwest does: `https:///user:secret@host` sends
+/// basic auth too), the API key is never shown, and transport errors lose their URL. Error texts
+/// lose every echo of the user, the password, the query values (as written and
+/// percent-decoded) and the API key; a secret shorter than 4 bytes only where it stands alone,
+/// not inside a word.
 ///
 /// Answers are read up to [`OpenAiCompatible::max_response_bytes`] (default
 /// [`DEFAULT_MAX_RESPONSE_BYTES`]): a larger one fails as [`Delivery::Answered`] ("larger than
@@ -97,30 +102,6 @@ fn endpoint_of(base_url: &str) -> String {
     url
 }
 
-/// The secrets of a URL that a provider's error text might echo: the userinfo's password and
-/// the query values.
-fn url_secrets(url: &str) -> Vec<String> {
-    let mut secrets = Vec::new();
-    let before_query = url.split(['?', '#']).next().unwrap_or("");
-    let authority = before_query
-        .split_once("://")
-        .map_or(before_query, |(_, a)| a)
-        .split('/')
-        .next()
-        .unwrap_or("");
-    if let Some((userinfo, _)) = authority.rsplit_once('@') {
-        secrets.extend(userinfo.split(':').map(str::to_string));
-    }
-    if let Some((_, query)) = url.split_once('?') {
-        let query = query.split('#').next().unwrap_or("");
-        for pair in query.split('&') {
-            secrets.push(pair.split_once('=').map_or(pair, |(_, v)| v).to_string());
-        }
-    }
-    secrets.retain(|s| s.len() >= 4);
-    secrets
-}
-
 impl OpenAiCompatible {
     /// The provider `name` (as pg_intent knows it) served at `base_url` by `model`.
     ///
@@ -139,6 +120,8 @@ impl OpenAiCompatible {
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             http: reqwest::Client::builder()
                 .connect_timeout(DEFAULT_CONNECT_TIMEOUT)
+                // Every 3xx is the provider's answer: a 303 says it processed the request.
+                .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .expect("the TLS backend initialises"),
         }
@@ -151,7 +134,11 @@ impl OpenAiCompatible {
     }
 
     /// Uses `client` for the requests (its proxies, timeouts, certificates). Give it a connect
-    /// timeout (as [`DEFAULT_CONNECT_TIMEOUT`]) shorter than the call timeout.
+    /// timeout (as [`DEFAULT_CONNECT_TIMEOUT`]) shorter than the call timeout, and no redirects
+    /// (`reqwest::redirect::Policy::none()`, as [`OpenAiCompatible::new`]'s): a client that
+    /// follows them hides a `303 See Other` (the request was processed), so an error status
+    /// reached by following a redirect, and a redirect error, count as
+    /// [`Delivery::Unknown`].
     pub fn with_client(mut self, client: reqwest::Client) -> Self {
         self.http = client;
         self
@@ -192,15 +179,12 @@ impl OpenAiCompatible {
         body
     }
 
-    /// `text` with every credential this provider holds replaced.
+    /// `text` with every credential this provider holds replaced: the URL's userinfo and query
+    /// values as reqwest reads them (percent-decoded too), and the API key.
     fn scrub(&self, text: &str) -> String {
-        let mut text = text.to_string();
         let mut secrets = url_secrets(&self.url);
         secrets.extend(self.api_key.iter().filter(|k| !k.is_empty()).cloned());
-        for secret in secrets {
-            text = text.replace(&secret, "redacted");
-        }
-        text
+        scrub(text, &secrets)
     }
 
     /// A transport error, by which side of "sent" it happened on.
@@ -213,8 +197,9 @@ impl OpenAiCompatible {
         } else if e.is_builder() || e.is_connect() {
             Delivery::NotSent
         } else if e.is_redirect() {
-            // Every answer was a redirect: nobody processed it.
-            Delivery::Refused
+            // Too many redirects, or a policy's error: a hop may have been a 303, whose
+            // request was processed.
+            Delivery::Unknown
         } else {
             // Sent, or maybe sent: a timeout, a reset, a closed connection.
             Delivery::Unknown
@@ -309,6 +294,8 @@ impl Provider for OpenAiCompatible {
             .map_err(|e| self.transport_error(e, false))?;
         let status = response.status();
         let retry_after = retry_after(response.headers());
+        // A client that follows redirects may have passed a 303 on the way here.
+        let redirected = reqwest::Url::parse(&self.url).is_ok_and(|u| &u != response.url());
         if !status.is_success() {
             // The status is the answer; the body only explains it, so a body that breaks off
             // or runs long changes nothing (the start is kept).
@@ -327,14 +314,20 @@ impl Provider for OpenAiCompatible {
                         .collect()
                 });
             let error = ProviderError::http(status.as_u16(), self.scrub(&message));
-            return Err(match retry_after {
+            let mut error = match retry_after {
                 Some(Some(after)) => error.retry_after(after),
                 Some(None) => ProviderError {
                     delivery: Delivery::of_status(status.as_u16(), true),
                     ..error
                 },
                 None => error,
-            });
+            };
+            if redirected {
+                // Whatever this hop says, an earlier one may have processed the request.
+                error.delivery = Delivery::Unknown;
+                error.message = format!("after a redirect: {}", error.message);
+            }
+            return Err(error);
         }
         let bytes = match read_at_most(&mut response, self.max_response_bytes).await {
             Ok(Ok(bytes)) => bytes,
@@ -407,6 +400,12 @@ mod tests {
         assert_eq!(
             p.scrub("bad key sk-secret for pw-secret, q-secret"),
             "bad key redacted for redacted, redacted"
+        );
+        // Echoed as sent (percent-decoded), and short ones where they stand alone.
+        let p = OpenAiCompatible::new("p", "https:///bo:p%40ss%20w@h/?k=a%2Fb", "m").api_key("K1");
+        assert_eq!(
+            p.scrub("user bo, password 'p@ss w' (p%40ss%20w), k=a/b, key K1; bob K1x"),
+            "user redacted, password 'redacted' (redacted), k=redacted, key redacted; bob K1x"
         );
         let body = p.body(&Request {
             system: "S".into(),
