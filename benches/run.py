@@ -39,6 +39,22 @@ ROOT = Path(__file__).resolve().parent.parent
 PGBENCH_DIR = ROOT / "benches" / "pgbench"
 PG_BIN = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
 
+# libpq variables that could send a connection elsewhere (a service overrides PGHOST/PGPORT;
+# PGHOSTADDR wins over PGHOST): the bench's superuser SQL must reach its own cluster only.
+LIBPQ_ENV = {
+    "PGSERVICE", "PGSERVICEFILE", "PGSYSCONFDIR", "PGHOSTADDR", "PGOPTIONS", "PGPASSWORD",
+    "PGPASSFILE", "PGSSLMODE", "PGREQUIRESSL", "PGSSLCERT", "PGSSLKEY", "PGSSLROOTCERT",
+    "PGSSLCRL", "PGGSSENCMODE", "PGTARGETSESSIONATTRS", "PGLOADBALANCEHOSTS", "PGCHANNELBINDING",
+    "PGREQUIREAUTH", "PGCONNECT_TIMEOUT", "PGAPPNAME", "PGCLIENTENCODING", "PGHOST", "PGPORT",
+    "PGUSER", "PGDATABASE",
+}
+
+
+def clean_environ():
+    """The environment without any libpq connection variable."""
+    return {k: v for k, v in os.environ.items() if k not in LIBPQ_ENV}
+
+
 
 def as_postgres(cmd):
     """Commands that touch the cluster's files run as `postgres` when we are root."""
@@ -65,7 +81,7 @@ class Cluster:
             opts += f" -c {k}={v}"
         subprocess.run(as_postgres([str(self.bin / "pg_ctl"), "-D", str(data), "-l", str(self.dir / "log"),
                                     "-w", "-o", opts, "start"]), check=True, stdout=subprocess.DEVNULL)
-        self.env = dict(os.environ, PGHOST=str(self.dir), PGPORT=str(self.port), PGUSER="postgres")
+        self.env = dict(clean_environ(), PGHOST=str(self.dir), PGPORT=str(self.port), PGUSER="postgres")
 
     def psql(self, sql, db="bench", file=None):
         cmd = [str(self.bin / "psql"), "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-d", db]
@@ -411,7 +427,7 @@ def build_pickup():
 def run_pickup(cluster, cmd, jobs, poll_ms):
     """Runs the pickup bench on the cluster's bench database; its figures (PICKUP_JSON)."""
     import json
-    env = dict(os.environ, PICKUP_DB=f"host={cluster.dir} port={cluster.port} user=postgres dbname=bench",
+    env = dict(clean_environ(), PICKUP_DB=f"host={cluster.dir} port={cluster.port} user=postgres dbname=bench",
                PICKUP_JOBS=str(jobs), PICKUP_POLL_MS=str(poll_ms))
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if out.returncode != 0:

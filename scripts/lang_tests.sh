@@ -22,8 +22,9 @@ cd "$ROOT"
 if [ "${1:-}" = mutations ]; then
   # caught: both suites ran and each had failing tests; MISSED: one of them still passed.
   bad=0
+  logs="$(mktemp -d /tmp/pg_intent_lang_mutations.XXXXXX)"
   for m in check_then_insert params_ignored timeout_is_failure lapsed_lease_is_failure last_writer_wins generic_errors; do
-    out="/tmp/lang-mutation-$m.log"
+    out="$logs/$m.log"
     PG_INTENT_TESTS_SABOTAGE="$ROOT/tests/mutations/$m.sql" bash "$0" >"$out" 2>&1 || true
     py=$(sed -nE 's/^([0-9]+) failed.* in [0-9.]+s.*/\1/p' "$out" | tail -n1)
     js=$(sed -nE 's/^[^ ]+ fail ([0-9]+)$/\1/p' "$out" | tail -n1)

@@ -165,6 +165,17 @@ free_port() {
 }
 
 # start_cluster: sets CLUSTER_DIR, PGHOST, PGPORT, PGUSER; stop_cluster removes everything.
+# The libpq environment variables that can send a connection elsewhere, or change how it is
+# made (the scripts set PGHOST, PGPORT, PGUSER and PGDATABASE themselves).
+LIBPQ_ENV=(PGSERVICE PGSERVICEFILE PGSYSCONFDIR PGHOSTADDR PGOPTIONS PGPASSWORD PGPASSFILE
+  PGSSLMODE PGREQUIRESSL PGSSLCERT PGSSLKEY PGSSLROOTCERT PGSSLCRL PGGSSENCMODE PGTARGETSESSIONATTRS
+  PGLOADBALANCEHOSTS PGCHANNELBINDING PGREQUIREAUTH PGCONNECT_TIMEOUT PGAPPNAME PGCLIENTENCODING)
+
+unset_libpq_env() {
+  local v
+  for v in "${LIBPQ_ENV[@]}"; do unset "$v"; done
+}
+
 start_cluster() {
   CLUSTER_DIR="$(mktemp -d /tmp/pg_intent.XXXXXX)"
   chmod 755 "$CLUSTER_DIR"
@@ -175,6 +186,10 @@ start_cluster() {
   run_pg "$PG_BIN/pg_ctl" -D "$CLUSTER_DIR/data" -l "$CLUSTER_DIR/server.log" -w \
     -o "-p $PGPORT -k $CLUSTER_DIR -c listen_addresses=127.0.0.1 -c fsync=on ${CLUSTER_OPTS:-}" start >/dev/null \
     || { cat "$CLUSTER_DIR/server.log"; die "the server did not start"; }
+  # Nothing inherited may redirect a connection: libpq lets a service (PGSERVICE, or a
+  # service file) override PGHOST/PGPORT, and PGHOSTADDR wins over PGHOST; the superuser SQL
+  # the scripts run must reach this throwaway cluster and nothing else.
+  unset_libpq_env
   export PGHOST="$CLUSTER_DIR" PGPORT PGUSER=postgres PGDATABASE=postgres CLUSTER_DIR
   trap stop_cluster EXIT
   log "throwaway cluster on port $PGPORT (socket and data in $CLUSTER_DIR)"

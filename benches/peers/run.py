@@ -153,7 +153,8 @@ class Peers:
 
     def __init__(self, cluster, node, py):
         self.cluster, self.node, self.py = cluster, node, py
-        self.env = dict(os.environ, PYTHONPATH=str(BEHAVIOUR), NODE_PATH=str(PEERS / "node_modules"))
+        # The cluster's environment: no inherited libpq variable can send the peers elsewhere.
+        self.env = dict(cluster.env, PYTHONPATH=str(BEHAVIOUR), NODE_PATH=str(PEERS / "node_modules"))
         for db in ("gw", "boss", "proc"):
             cluster.psql(f"CREATE DATABASE {db}", db="postgres")
             cluster.psql("CREATE EXTENSION pg_intent", db=db)

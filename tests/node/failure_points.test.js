@@ -391,7 +391,7 @@ describe('timeout', () => {
   test('a lease running out counts as unknown', async () => {
     const o = owner('jack');
     const s = await submit(app, o, 'gen', 'p', {});
-    const a = await begin(app, s.job_id, '700 milliseconds');
+    const a = await begin(app, s.job_id, '2 seconds');
     let r = await refusal(begin(app, s.job_id), 'IJ002');
     assert.deepEqual(r.facts, { job_id: s.job_id, attempt_id: a.attempt_id, attempt_state: 'started' });
 

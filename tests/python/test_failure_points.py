@@ -433,7 +433,7 @@ def test_timeout_mark_unknown_blocks_the_next_attempt_until_abandoned(app, opera
 def test_timeout_a_lease_running_out_counts_as_unknown(app, operator):
     o = owner("jack")
     s = submit(app, o, "gen", "p", {})
-    a = begin(app, s["job_id"], "700 milliseconds")
+    a = begin(app, s["job_id"], "2 seconds")
     r = refusal(lambda: begin(app, s["job_id"]), "IJ002")
     assert r.facts == {"job_id": str(s["job_id"]), "attempt_id": str(a["attempt_id"]), "attempt_state": "started"}
 
