@@ -556,6 +556,27 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
         }
     }
 
+    /// One heartbeat, on the fresh connection if there is one, else on the worker's own.
+    async fn beat(&self, link: Option<&Arc<dyn Link>>, attempt_id: Uuid) -> Result<bool, Error> {
+        match link {
+            Some(link) => link.beat(attempt_id).await,
+            None => heartbeat(self.db, attempt_id, None).await,
+        }
+    }
+
+    /// One try of a report, on the fresh connection if there is one, else on the worker's own.
+    async fn send(
+        &self,
+        link: Option<&Arc<dyn Link>>,
+        attempt: &Attempt,
+        outcome: &Outcome,
+    ) -> Result<Reported, Error> {
+        match link {
+            Some(link) => link.send(attempt, outcome).await,
+            None => outcome.report(self.db, attempt).await,
+        }
+    }
+
     /// Whether the connection the worker's calls go to now is closed.
     fn closed(&self, link: Option<&Arc<dyn Link>>) -> bool {
         match link {
@@ -593,12 +614,7 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
             let link = Self::fresh(fresh);
             let deadline = until.min(Instant::now() + self.try_timeout());
             let answer = {
-                let send = async {
-                    match &link {
-                        Some(link) => link.send(attempt, &outcome).await,
-                        None => outcome.report(self.db, attempt).await,
-                    }
-                };
+                let send = self.send(link.as_ref(), attempt, &outcome);
                 tokio::pin!(send);
                 let mut deadline = deadline;
                 loop {
@@ -625,42 +641,26 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
             }
             let closed = self.closed(link.as_ref());
             let broken = dark || closed || breaks_connection(&error);
-            let mut hopeless = closed && self.reconnect.is_none();
             // A statement timeout that fires again and again is the report's own (a slow
             // contract checker), not a passing one.
             let repeating = cancelled >= MAX_CANCELLED_TRIES;
-            if !error.is_transient() || hopeless || repeating || Instant::now() >= until {
-                return Err(Error::Unreported(Box::new(Unreported::new(
-                    attempt.clone(),
-                    outcome,
-                    tries,
-                    error,
-                ))));
-            }
-            if broken {
+            let mut give_up = !error.is_transient() || repeating || Instant::now() >= until;
+            if !give_up && broken {
                 let replaced = matches!(
                     tokio::time::timeout_at(until, self.replace(fresh)).await,
                     Ok(true)
                 );
-                hopeless = closed && !replaced;
-                if hopeless {
-                    return Err(Error::Unreported(Box::new(Unreported::new(
-                        attempt.clone(),
-                        outcome,
-                        tries,
-                        error,
-                    ))));
-                }
+                // A closed connection and no open one in its place: nowhere to report.
+                give_up = closed && !replaced;
+            }
+            if give_up {
+                let unreported = Unreported::new(attempt.clone(), outcome, tries, error);
+                return Err(Error::Unreported(Box::new(unreported)));
             }
             if last_beat.elapsed() >= every {
                 last_beat = Instant::now();
                 let link = Self::fresh(fresh);
-                let beat = async {
-                    match &link {
-                        Some(link) => link.beat(attempt.id()).await,
-                        None => heartbeat(self.db, attempt.id(), None).await,
-                    }
-                };
+                let beat = self.beat(link.as_ref(), attempt.id());
                 let _ = tokio::time::timeout_at(until.min(Instant::now() + every), beat).await;
             }
             tokio::select! {
@@ -691,12 +691,7 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
         loop {
             tokio::time::sleep(every).await;
             let link = Self::fresh(fresh);
-            let beat = async {
-                match &link {
-                    Some(link) => link.beat(attempt_id).await,
-                    None => heartbeat(self.db, attempt_id, None).await,
-                }
-            };
+            let beat = self.beat(link.as_ref(), attempt_id);
             let broken = match tokio::time::timeout(every.min(self.try_timeout()), beat).await {
                 Ok(Ok(true)) => false,
                 Ok(Ok(false)) => return Ok(()),
