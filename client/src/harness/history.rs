@@ -97,7 +97,8 @@ impl RunHistory {
         matches!(self.0, Store::Table(_))
     }
 
-    /// The `CREATE TABLE IF NOT EXISTS` statement of a table history (`None` for a file).
+    /// The `CREATE TABLE IF NOT EXISTS` statement of a table history, with its `COMMENT ON`
+    /// (`None` for a file).
     pub fn create_table_sql(&self) -> Option<String> {
         let Store::Table(quoted) = &self.0 else {
             return None;
@@ -115,7 +116,10 @@ impl RunHistory {
                 certified        boolean NOT NULL,
                 verdict          text NOT NULL,
                 evidence         jsonb NOT NULL
-            )"
+            );
+            COMMENT ON TABLE {quoted} IS
+                'pg_intent_client harness: every contract-test run of a provider, passed or not, \
+                 with its evidence (the certifications list the failed runs since the last one).'"
         ))
     }
 
