@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use db::TestDb;
 use pg_intent_client::runner::{Event, Finish};
 use pg_intent_client::{
-    self as intent, AttemptState, Call, Completion, Connection, Error, Executor, JobState, NewJob,
-    Outcome, Reconnect, Reported, Run, Runner, Submitted, WorkError, Worker,
+    self as intent, AttemptState, Call, Completion, Connection, Connections, Error, Executor,
+    JobState, NewJob, Outcome, Reconnect, Reported, Run, Runner, Submitted, WorkError, Worker,
 };
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -26,11 +26,7 @@ use tokio_postgres::Statement;
 const LEASE: Duration = Duration::from_millis(600);
 
 async fn job(db: &Connection, key: &str) -> uuid::Uuid {
-    let s: Submitted<Value> =
-        intent::submit_job(db, &NewJob::new("owner", key, "gpu-a", &json!({"k": key})))
-            .await
-            .unwrap();
-    s.job_id
+    job_with(db, key, None).await
 }
 
 async fn pid(db: &Connection) -> i32 {
@@ -400,15 +396,13 @@ fn via(t: &TestDb, port: u16) -> tokio_postgres::Config {
 }
 
 async fn connect_to(config: &tokio_postgres::Config) -> Connection {
-    let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
-    Connection::new(client)
+    config.connection().await.unwrap()
 }
 
-/// Finding 1a: `report_for` bounds nothing when a try never answers. The worker's connection goes
+/// Review finding 1a (on the first version): `report_for` bounded nothing when a try never answers. The worker's connection goes
 /// dark after the work produced its result; a fresh connection (direct) is available. The
-/// documentation: retried "for up to report_for", then Error::Unreported. Observed: the report
-/// waits on the dark connection forever (until TCP gives up: ~15 min with unacked data, hours
+/// documentation: retried "for up to report_for", then Error::Unreported. Observed then: the report
+/// waited on the dark connection forever (until TCP gives up: ~15 min with unacked data, hours
 /// with keepalives), the fresh connection is never tried, and nothing is returned or logged.
 #[tokio::test]
 async fn a_report_on_a_dark_connection_returns_within_report_for() {
@@ -416,11 +410,11 @@ async fn a_report_on_a_dark_connection_returns_within_report_for() {
     let admin = t.conn().await;
     let (port, dark) = proxy(t.cluster.port()).await;
     let db = connect_to(&via(&t, port)).await;
-    let j = job_with(&admin, "dark-report", None).await;
+    let j = job(&admin, "dark-report").await;
     let worker = Worker::new(&db, Duration::from_secs(30))
         .lease(LEASE)
         .report_for(Duration::from_secs(1))
-        .reconnect(Reconnect::using(t.cluster.config(&t.name)));
+        .reconnect(reconnect(&t));
     let started = Instant::now();
     let run = tokio::time::timeout(
         Duration::from_secs(8),
@@ -443,7 +437,7 @@ async fn a_report_on_a_dark_connection_returns_within_report_for() {
     );
 }
 
-/// Finding 1b: heartbeats move to a fresh connection only when the old one says it is broken. A
+/// Review finding 1b (on the first version): heartbeats move to a fresh connection only when the old one says it is broken. A
 /// dark connection never says so: the heartbeat waits forever, the lease lapses and the attempt
 /// counts as unknown although a fresh connection was available all along.
 #[tokio::test]
@@ -452,11 +446,11 @@ async fn heartbeats_move_off_a_dark_connection() {
     let admin = t.conn().await;
     let (port, dark) = proxy(t.cluster.port()).await;
     let db = connect_to(&via(&t, port)).await;
-    let j = job_with(&admin, "dark-heartbeat", None).await;
+    let j = job(&admin, "dark-heartbeat").await;
     let worker = Worker::new(&db, Duration::from_secs(30))
         .lease(LEASE)
         .report_for(Duration::from_secs(1))
-        .reconnect(Reconnect::using(t.cluster.config(&t.name)));
+        .reconnect(reconnect(&t));
     let admin = &admin;
     let _ = tokio::time::timeout(
         Duration::from_secs(6),
@@ -485,7 +479,7 @@ async fn heartbeats_move_off_a_dark_connection() {
     .await;
 }
 
-/// Finding 1c: a Runner shutting down while a report hangs aborts the task after MARK_TIMEOUT;
+/// Review finding 1c (on the first version): a Runner shutting down while a report hangs aborts the task after MARK_TIMEOUT;
 /// the result it held is dropped without an Event, without Error::Unreported, without the log
 /// line. The documentation: "An outcome that could not be reported is in the error
 /// ([`Error::Unreported`], downcast it), never dropped."
@@ -494,7 +488,7 @@ async fn a_runner_never_drops_an_outcome_it_could_not_report() {
     let t = TestDb::new().await;
     let admin = t.conn().await;
     let (port, dark) = proxy(t.cluster.port()).await;
-    let j = job_with(&admin, "dark-runner", None).await;
+    let j = job(&admin, "dark-runner").await;
     let pool = deadpool_postgres::Pool::builder(deadpool_postgres::Manager::new(
         via(&t, port),
         tokio_postgres::NoTls,
@@ -539,7 +533,7 @@ async fn a_runner_never_drops_an_outcome_it_could_not_report() {
     );
 }
 
-/// Finding 2: the lease lapses while the worker retries its report: heartbeats stop when the work
+/// Review finding 2 (on the first version): the lease lapses while the worker retries its report: heartbeats stop when the work
 /// ends. A report that fails for a reason of its own (here `statement_timeout` during the
 /// contract's validation — a slow checker, or a result that is slow to validate) is retried for
 /// report_for (default five minutes) while heartbeats, which would succeed, are not sent: the
@@ -605,7 +599,7 @@ async fn the_lease_is_kept_while_a_report_is_retried() {
     );
 }
 
-/// Finding 3: after a failover the fresh connection can land on a read-only server (the old
+/// Review finding 3 (on the first version): after a failover the fresh connection can land on a read-only server (the old
 /// primary demoted to a standby, a reader endpoint, DNS not yet moved): every write is 25006.
 /// 25006 is not transient, so the first heartbeat there ends the whole attempt — the work (the
 /// provider call in progress) is dropped, nothing is reported, nothing is kept — and a report
@@ -621,7 +615,7 @@ async fn a_read_only_server_after_a_failover_does_not_end_the_attempt() {
         .await
         .unwrap()
         .get(0);
-    let j = job_with(&admin, "read-only", None).await;
+    let j = job(&admin, "read-only").await;
     let config = t.cluster.config(&t.name);
     let reconnect = Reconnect::with(move || {
         let config = config.clone();
@@ -660,7 +654,7 @@ async fn a_read_only_server_after_a_failover_does_not_end_the_attempt() {
     }
 }
 
-/// Finding 4: a result that cannot be serialized is returned as Error::Serialize and dropped;
+/// Review finding 4 (on the first version): a result that cannot be serialized is returned as Error::Serialize and dropped;
 /// the attempt is left `started` (not marked unknown) although the work ran. "The client never
 /// loses an outcome" does not hold for it.
 #[tokio::test]
@@ -668,7 +662,7 @@ async fn a_result_that_does_not_serialize_is_not_silently_dropped() {
     let t = TestDb::new().await;
     let admin = t.conn().await;
     let db = t.conn().await;
-    let j = job_with(&admin, "unserializable", None).await;
+    let j = job(&admin, "unserializable").await;
     let err = Worker::new(&db, Duration::from_secs(30))
         .run(j, None, |_| async {
             let mut m = HashMap::new();
@@ -694,7 +688,7 @@ async fn a_result_that_does_not_serialize_is_not_silently_dropped() {
     );
 }
 
-/// Finding 7: a provider's Retry-After passed straight into WorkError::retryable_after (the
+/// Review finding 7 (on the first version): a provider's Retry-After passed straight into WorkError::retryable_after (the
 /// Runner's documented way to pass it on) is not clamped by the client: over 30 days the server
 /// refuses the report (22023), the definite failure is Unreported, and the attempt lapses to
 /// `unknown` — a job that should be retried waits for a reconciler. Only Failure::into_work_error
@@ -704,7 +698,7 @@ async fn an_absurd_retry_after_still_fails_the_attempt() {
     let t = TestDb::new().await;
     let admin = t.conn().await;
     let db = t.conn().await;
-    let j = job_with(&admin, "retry-after", None).await;
+    let j = job(&admin, "retry-after").await;
     let run = Worker::new(&db, Duration::from_secs(30))
         .run(j, None, |_| async {
             Err::<Value, _>(WorkError::retryable_after(
