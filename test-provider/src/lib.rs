@@ -28,6 +28,21 @@
 //! still generating when the client gives up. The request is recorded when it arrives, before
 //! the delay.
 //!
+//! **Idempotency keys and status lookups** (Stripe's model). A request with an
+//! `Idempotency-Key` header is kept under that key: sent again, it is not worked on again — a
+//! finished one is answered as the first time (with `Idempotent-Replayed: true`), one still
+//! being worked on is `409`. `GET /v1/requests/{key}` says what became of it:
+//!
+//! | the provider | answer |
+//! |---|---|
+//! | is still working on it | `200 {"id", "status": "running"}` |
+//! | answered it (or its upstream did the work and only the answer was lost: [`Mode::BadGateway`]) | `200 {"id", "status": "succeeded", "response": <the chat completion>}` |
+//! | refused it without doing the work (HTTP 4xx/503) | `200 {"id", "status": "failed", "http_status", "response": <the error body>}` |
+//! | never received it | `404` |
+//! | has forgotten it ([`TestProvider::forget`]: its records expired) | `410`: nobody can tell |
+//!
+//! [`TestProvider::lookups`] lists the keys asked about, in order.
+//!
 //! ```no_run
 //! # async fn f() -> std::io::Result<()> {
 //! use pg_intent_test_provider::{Mode, TestProvider};
@@ -38,6 +53,7 @@
 //! ```
 #![warn(missing_docs)]
 
+use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
@@ -158,6 +174,11 @@ pub struct Received {
     pub max_tokens: Option<u64>,
     /// Whether an `Authorization` header was sent (its value is never kept).
     pub authorized: bool,
+    /// The `Idempotency-Key` header, if sent.
+    pub idempotency_key: Option<String>,
+    /// Whether it was answered from the record of an earlier request with the same key (no
+    /// work done).
+    pub replayed: bool,
     /// The whole request body.
     pub body: Value,
 }
@@ -185,11 +206,34 @@ pub enum Answer {
     },
 }
 
+/// What the provider keeps of a request sent with an idempotency key.
+#[derive(Debug, Clone)]
+enum Record {
+    /// Being worked on.
+    Running,
+    /// Answered: the status, the body and the `Retry-After` it was answered with, and whether
+    /// the work was done (`false`: refused before any work).
+    Answered {
+        status: u16,
+        body: Value,
+        retry_after: Option<u64>,
+        done: bool,
+    },
+}
+
 struct State {
     mode: Mutex<Mode>,
     delay: Mutex<Duration>,
+    lookup_delay: Mutex<Duration>,
     requests: Mutex<Vec<Received>>,
+    records: Mutex<HashMap<String, Record>>,
+    forgotten: Mutex<HashSet<String>>,
+    lookups: Mutex<Vec<String>>,
     served: AtomicU64,
+}
+
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A running test provider on `127.0.0.1`; it stops (with its open connections) when dropped.
@@ -221,7 +265,11 @@ impl TestProvider {
         let state = Arc::new(State {
             mode: Mutex::new(mode),
             delay: Mutex::new(Duration::ZERO),
+            lookup_delay: Mutex::new(Duration::ZERO),
             requests: Mutex::new(Vec::new()),
+            records: Mutex::new(HashMap::new()),
+            forgotten: Mutex::new(HashSet::new()),
+            lookups: Mutex::new(Vec::new()),
             served: AtomicU64::new(0),
         });
         let task = tokio::spawn(accept(listener, state.clone()));
@@ -275,6 +323,36 @@ impl TestProvider {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// Forgets the request kept under `key`, as a provider whose records expired: its lookup
+    /// answers `410` (nobody can tell) from now on, and a request sent again with the key is a
+    /// new one.
+    pub fn forget(&self, key: &str) {
+        locked(&self.state.records).remove(key);
+        locked(&self.state.forgotten).insert(key.to_string());
+    }
+
+    /// Answers every next status lookup only `delay` after it arrived (zero: at once).
+    pub fn set_lookup_delay(&self, delay: Duration) {
+        *locked(&self.state.lookup_delay) = delay;
+    }
+
+    /// What `GET /v1/requests/{key}` would say of `key` (`running`, `succeeded`, `failed`,
+    /// `expired` or `None`: never received), without counting as a lookup.
+    pub fn request_status(&self, key: &str) -> Option<&'static str> {
+        match locked(&self.state.records).get(key) {
+            Some(Record::Running) => Some("running"),
+            Some(Record::Answered { done: true, .. }) => Some("succeeded"),
+            Some(Record::Answered { done: false, .. }) => Some("failed"),
+            None if locked(&self.state.forgotten).contains(key) => Some("expired"),
+            None => None,
+        }
+    }
+
+    /// The keys `GET /v1/requests/{key}` asked about so far, in order.
+    pub fn lookups(&self) -> Vec<String> {
+        locked(&self.state.lookups).clone()
     }
 }
 
@@ -376,9 +454,97 @@ fn error_body(message: &str, kind: &str) -> Value {
     json!({"error": {"message": message, "type": kind, "param": null, "code": null}})
 }
 
+/// `GET /v1/requests/{key}`: what became of the request kept under `key`.
+async fn lookup(state: &State, key: &str) -> Response<Reply> {
+    locked(&state.lookups).push(key.to_string());
+    let delay = *locked(&state.lookup_delay);
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    let record = locked(&state.records).get(key).cloned();
+    match record {
+        Some(Record::Running) => respond(StatusCode::OK, &json!({"id": key, "status": "running"})),
+        Some(Record::Answered {
+            status, body, done, ..
+        }) => {
+            let mut answer = json!({"id": key, "response": body});
+            if done {
+                answer["status"] = json!("succeeded");
+            } else {
+                answer["status"] = json!("failed");
+                answer["http_status"] = json!(status);
+            }
+            respond(StatusCode::OK, &answer)
+        }
+        None if locked(&state.forgotten).contains(key) => respond(
+            StatusCode::GONE,
+            &error_body(
+                "the record of this request has expired: whether it was done cannot be told",
+                "expired",
+            ),
+        ),
+        None => respond(
+            StatusCode::NOT_FOUND,
+            &error_body(
+                "no request was received with this idempotency key",
+                "not_found",
+            ),
+        ),
+    }
+}
+
+/// A chat completion of `content`, the `n`th answer of the server.
+fn completion_body(n: u64, model: &str, prompt_chars: usize, content: &str) -> Value {
+    let completion_chars = content.chars().count();
+    json!({
+        "id": format!("chatcmpl-test-{n}"),
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": content},
+            "finish_reason": "stop"
+        }],
+        "usage": {
+            "prompt_tokens": prompt_chars / 4,
+            "completion_tokens": completion_chars / 4,
+            "total_tokens": (prompt_chars + completion_chars) / 4
+        }
+    })
+}
+
+/// The answer kept under an idempotency key, sent again.
+fn replay(status: u16, body: &Value, retry_after: Option<u64>) -> Response<Reply> {
+    let mut response = respond(
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        body,
+    );
+    response.headers_mut().insert(
+        hyper::header::HeaderName::from_static("idempotent-replayed"),
+        hyper::header::HeaderValue::from_static("true"),
+    );
+    if let Some(secs) = retry_after {
+        response
+            .headers_mut()
+            .insert(hyper::header::RETRY_AFTER, secs.into());
+    }
+    response
+}
+
 async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Reply>, Infallible> {
     let (parts, body) = req.into_parts();
-    if parts.uri.path().trim_end_matches('/') != "/v1/chat/completions" {
+    let path = parts.uri.path().trim_end_matches('/');
+    if let Some(key) = path.strip_prefix("/v1/requests/") {
+        if parts.method != Method::GET {
+            return Ok(respond(
+                StatusCode::METHOD_NOT_ALLOWED,
+                &error_body("use GET", "invalid_request_error"),
+            ));
+        }
+        return Ok(lookup(&state, key).await);
+    }
+    if path != "/v1/chat/completions" {
         let message = format!("no route for {}", parts.uri.path());
         return Ok(respond(
             StatusCode::NOT_FOUND,
@@ -404,7 +570,12 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Re
         }
     };
     let authorized = parts.headers.contains_key(hyper::header::AUTHORIZATION);
-    let received = match serde_json::from_slice::<Value>(&bytes)
+    let key = parts
+        .headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let mut received = match serde_json::from_slice::<Value>(&bytes)
         .map_err(|e| format!("the body is not JSON: {e}"))
         .and_then(|body| Received::from_body(body, authorized))
     {
@@ -416,8 +587,60 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Re
             ));
         }
     };
+    received.idempotency_key = key.clone();
+    // A key seen before: no new work. Taken and marked under one lock, so that two requests
+    // with the same key at once do the work once.
+    if let Some(key) = &key {
+        let mut records = locked(&state.records);
+        if let Some(record) = records.get(key).cloned() {
+            drop(records);
+            received.replayed = true;
+            locked(&state.requests).push(received);
+            return Ok(match record {
+                Record::Running => respond(
+                    StatusCode::CONFLICT,
+                    &error_body(
+                        "a request with this idempotency key is still being processed",
+                        "idempotency_error",
+                    ),
+                ),
+                Record::Answered {
+                    status,
+                    body,
+                    retry_after,
+                    ..
+                } => replay(status, &body, retry_after),
+            });
+        }
+        records.insert(key.clone(), Record::Running);
+        locked(&state.forgotten).remove(key);
+    }
     let mode = *state.mode.lock().unwrap_or_else(PoisonError::into_inner);
     let answer = answer(mode, &received.system, &received.user);
+    // What the record says once answered: a bad gateway lost the answer of work its upstream
+    // did (a well-behaved one); hanging up or answering without end never finishes.
+    let kept = match (&answer, mode) {
+        (_, Mode::BadGateway) => {
+            match self::answer(Mode::WellBehaved, &received.system, &received.user) {
+                Answer::Content(c) => Some(Ok(c)),
+                _ => None,
+            }
+        }
+        (Answer::Content(c) | Answer::CutOff(c), _) => Some(Ok(c.clone())),
+        (
+            Answer::Error {
+                status,
+                message,
+                retry_after,
+            },
+            _,
+        ) => Some(Err((
+            *status,
+            error_body(message, "server_error"),
+            *retry_after,
+        ))),
+        (Answer::HangUp | Answer::Endless, _) => None,
+    };
     let model = received.model.clone().unwrap_or_else(|| "fake".into());
     let prompt_chars = received.system.chars().count() + received.user.chars().count();
     state
@@ -427,28 +650,40 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Re
         .push(received);
     let n = state.served.fetch_add(1, Ordering::Relaxed) + 1;
     let delay = *state.delay.lock().unwrap_or_else(PoisonError::into_inner);
-    if !delay.is_zero() {
-        tokio::time::sleep(delay).await;
-    }
-    let completion = |content: &str| {
-        let completion_chars = content.chars().count();
-        json!({
-            "id": format!("chatcmpl-test-{n}"),
-            "object": "chat.completion",
-            "created": 0,
-            "model": model,
-            "choices": [{
-                "index": 0,
-                "message": {"role": "assistant", "content": content},
-                "finish_reason": "stop"
-            }],
-            "usage": {
-                "prompt_tokens": prompt_chars / 4,
-                "completion_tokens": completion_chars / 4,
-                "total_tokens": (prompt_chars + completion_chars) / 4
+    let completion = move |content: &str| completion_body(n, &model, prompt_chars, content);
+    // The work, in a task of its own: a client that gives up (closes the connection) does not
+    // stop the model, which finishes and keeps its answer under the key.
+    let work = {
+        let state = state.clone();
+        let completion = completion.clone();
+        tokio::spawn(async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            let (Some(key), Some(kept)) = (key, kept) else {
+                return;
+            };
+            let record = match kept {
+                Ok(content) => Record::Answered {
+                    status: 200,
+                    body: completion(&content),
+                    retry_after: None,
+                    done: true,
+                },
+                Err((status, body, retry_after)) => Record::Answered {
+                    status,
+                    body,
+                    retry_after,
+                    done: false,
+                },
+            };
+            // Unless it was forgotten meanwhile.
+            if let Some(r) = locked(&state.records).get_mut(&key) {
+                *r = record;
             }
         })
     };
+    let _ = work.await;
     Ok(match answer {
         Answer::Content(content) => respond(StatusCode::OK, &completion(&content)),
         Answer::CutOff(content) => {
@@ -542,6 +777,8 @@ impl Received {
                 .or_else(|| body.get("max_completion_tokens"))
                 .and_then(Value::as_u64),
             authorized,
+            idempotency_key: None,
+            replayed: false,
             body,
         })
     }
