@@ -107,8 +107,15 @@ fn options() -> RunOptions {
 /// `Failure::into_work_error`. Only a known outcome fails the attempt (gpu-a's 503 with
 /// Retry-After: it did nothing); a timeout, a reset or a 502 marks it unknown, and nobody fails
 /// over while the provider may still be generating.
-async fn caption(provider: &OpenAiCompatible, input: &Value) -> Result<Value, WorkError<Value>> {
-    suite().work(provider, input, &options()).await
+async fn caption(
+    provider: &OpenAiCompatible,
+    attempt: &Attempt,
+    input: &Value,
+) -> Result<Value, WorkError<Value>> {
+    // The attempt id is the provider's idempotency key: a reconciler can ask what became of it.
+    suite()
+        .work_for(provider, attempt.id(), input, &options())
+        .await
 }
 
 async fn certify(db: &Connection, provider: &OpenAiCompatible) -> Result<(), Failed> {
@@ -214,7 +221,7 @@ async fn main() -> Result<(), Failed> {
     let work = |attempt: Attempt| {
         let provider = by_name(attempt.provider().unwrap_or("gpu-a"));
         let input = input.clone();
-        async move { caption(&provider, &input).await }
+        async move { caption(&provider, &attempt, &input).await }
     };
     match worker.run(job, None, work).await? {
         Run::Failed {

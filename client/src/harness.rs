@@ -234,10 +234,14 @@ pub struct Request {
     pub max_tokens: Option<u32>,
     /// A sampling seed, for providers that take one.
     pub seed: Option<u64>,
+    /// The provider's idempotency key for this call (`Idempotency-Key`): the attempt id when a
+    /// worker makes the call, so that a reconciler can later ask the provider what became of
+    /// it. `None` for the harness's own test runs.
+    pub idempotency_key: Option<String>,
 }
 
 impl Request {
-    /// A request for `prompt` with the settings of `options`.
+    /// A request for `prompt` with the settings of `options`, without an idempotency key.
     pub fn new(prompt: &Prompt, options: &RunOptions) -> Self {
         Request {
             system: prompt.system.clone(),
@@ -245,7 +249,14 @@ impl Request {
             temperature: options.temperature,
             max_tokens: options.max_tokens,
             seed: options.seed,
+            idempotency_key: None,
         }
+    }
+
+    /// The same request, sent under the idempotency key `key`.
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
     }
 }
 
@@ -577,9 +588,35 @@ impl ContractSuite {
         input: &Value,
         options: &RunOptions,
     ) -> Result<Value, Failure> {
+        self.ask_keyed(provider, input, options, None).await
+    }
+
+    /// [`ContractSuite::ask`] for an attempt: the call carries the attempt id as the
+    /// provider's idempotency key ([`Request::idempotency_key`]), so that the provider does
+    /// the work once however often it is sent, and a reconciler can ask the provider what
+    /// became of an attempt whose outcome is unknown.
+    pub async fn ask_for<P: Provider>(
+        &self,
+        provider: &P,
+        attempt_id: Uuid,
+        input: &Value,
+        options: &RunOptions,
+    ) -> Result<Value, Failure> {
+        self.ask_keyed(provider, input, options, Some(attempt_id.to_string()))
+            .await
+    }
+
+    async fn ask_keyed<P: Provider>(
+        &self,
+        provider: &P,
+        input: &Value,
+        options: &RunOptions,
+        key: Option<String>,
+    ) -> Result<Value, Failure> {
         check_temperature(options.temperature)
             .map_err(|e| Failure::Provider(ProviderError::not_sent(e)))?;
-        let request = Request::new(&self.render(input), options);
+        let mut request = Request::new(&self.render(input), options);
+        request.idempotency_key = key;
         self.ask_with(provider, &request, options.call_timeout)
             .await
     }
@@ -597,6 +634,20 @@ impl ContractSuite {
         options: &RunOptions,
     ) -> Result<Value, WorkError<Value>> {
         self.ask(provider, input, options)
+            .await
+            .map_err(|failure| failure.into_work_error(provider.name()))
+    }
+
+    /// [`ContractSuite::work`] for an attempt, its id the provider's idempotency key
+    /// ([`ContractSuite::ask_for`]): what a worker should run.
+    pub async fn work_for<P: Provider>(
+        &self,
+        provider: &P,
+        attempt_id: Uuid,
+        input: &Value,
+        options: &RunOptions,
+    ) -> Result<Value, WorkError<Value>> {
+        self.ask_for(provider, attempt_id, input, options)
             .await
             .map_err(|failure| failure.into_work_error(provider.name()))
     }

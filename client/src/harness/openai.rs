@@ -288,6 +288,9 @@ impl Provider for OpenAiCompatible {
         if let Some(key) = &self.api_key {
             post = post.bearer_auth(key);
         }
+        if let Some(key) = &request.idempotency_key {
+            post = post.header("Idempotency-Key", key);
+        }
         let mut response = post
             .send()
             .await
@@ -413,6 +416,7 @@ mod tests {
             temperature: 0.1,
             max_tokens: Some(50),
             seed: None,
+            idempotency_key: None,
         });
         assert_eq!(
             body,
