@@ -1,36 +1,31 @@
-//! A reconciler: resolves attempts whose outcome is unknown by asking the provider what really
-//! happened, so the job's gate can open again.
+//! A reconciler process: `pg_intent_client::Reconciler` resolving attempts whose outcome is
+//! unknown by asking the provider what became of the request sent under the attempt id, every
+//! 30 seconds (docs/runbook.md § 2 has the rules it applies).
 //!
-//! For each unknown attempt (after `sweep` persisted lapsed leases):
-//! - the provider finished → `complete_attempt` with the result (it may win: its work happened);
-//! - the provider says it never ran it → `fail_attempt` (a definite failure, retryable);
-//! - the provider cannot tell, and it is old enough → `abandon_attempt` (the out-of-band decision);
-//! - still running → leave it.
+//! The provider here is a stand-in that answers by attempt number; a real one asks the
+//! provider's status API (`pg_intent_client::harness::RequestLookup` for an OpenAI-compatible
+//! provider that keeps requests by idempotency key, as pg_intent's test provider does).
 //!
-//! Reading `intent.attempts` needs `SELECT` on it (an operator role).
+//! Connect as an operator (a member of `intent_operator`), unbound:
 //! `DATABASE_URL=... cargo run -p pg_intent_client --example reconciler`
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use pg_intent_client::{self as intent, AttemptRecord, Connection};
+use pg_intent_client::reconciler::{Lookup, ProviderStatus, Reconciler};
+use pg_intent_client::{AttemptRecord, Connection};
 use serde_json::json;
 
-/// What the provider's status API says about a request, keyed by our attempt id.
-enum ProviderStatus {
-    Done(serde_json::Value),
-    NeverReceived,
-    Running,
-    NoIdea,
-}
-
 /// Stands in for the provider's status API.
-async fn ask_provider(attempt: &AttemptRecord) -> ProviderStatus {
-    match attempt.attempt_no % 4 {
+async fn ask_provider(
+    attempt: AttemptRecord,
+) -> Result<Lookup, pg_intent_client::runner::BoxError> {
+    let status = match attempt.attempt_no % 4 {
         1 => ProviderStatus::Done(json!({"url": format!("s3://images/{}.png", attempt.id)})),
         2 => ProviderStatus::NeverReceived,
         3 => ProviderStatus::Running,
-        _ => ProviderStatus::NoIdea,
-    }
+        _ => ProviderStatus::CannotTell,
+    };
+    Ok(Lookup::new(status).evidence(json!({"asked": "the stand-in provider"})))
 }
 
 #[tokio::main]
@@ -39,43 +34,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::env::var("DATABASE_URL").unwrap_or_else(|_| "host=localhost user=postgres".into());
     let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
     tokio::spawn(conn);
-    let db = Connection::new(client);
-    let give_up_after = Duration::from_secs(15 * 60);
-
-    let lapsed = intent::sweep(&db).await?;
-    println!("sweep: {lapsed} lapsed lease(s) persisted as unknown");
-    for attempt in intent::unknown_attempts(&db, 100).await? {
-        // The handle carries the fencing token read from the database.
-        let handle = attempt.handle();
-        match ask_provider(&attempt).await {
-            ProviderStatus::Done(result) => {
-                let completion = intent::complete_attempt(&db, &handle, &result).await?;
-                println!("{}: provider finished → {completion}", attempt.id);
-            }
-            ProviderStatus::NeverReceived => {
-                let state = intent::fail_attempt(
-                    &db,
-                    &handle,
-                    &json!({"reconciled": "provider has no record of the request"}),
-                    true,
-                )
-                .await?;
-                println!("{}: never ran → failed; job is {state}", attempt.id);
-            }
-            ProviderStatus::Running => println!("{}: still running, leave it", attempt.id),
-            ProviderStatus::NoIdea => {
-                let age = SystemTime::now()
-                    .duration_since(attempt.started_at)
-                    .unwrap_or_default();
-                if age > give_up_after {
-                    intent::abandon_attempt(&db, attempt.id, "reconciler: provider cannot tell")
-                        .await?;
-                    println!("{}: abandoned after {age:?}", attempt.id);
-                } else {
-                    println!("{}: unknown for {age:?}; asking again later", attempt.id);
-                }
-            }
+    let mut db = Connection::new(client);
+    let reconciler = Reconciler::new(ask_provider)
+        .abandon_after(Duration::from_secs(15 * 60))
+        .name(format!("reconciler-{}", std::process::id()));
+    loop {
+        let pass = reconciler.run_once(&mut db).await?;
+        println!("sweep: {} lapsed lease(s) persisted as unknown", pass.swept);
+        for r in &pass.reconciled {
+            println!("{} ({}): {}", r.attempt_id, r.provider, r.decision);
         }
+        for (attempt_id, error) in &pass.errors {
+            println!("{attempt_id}: not reconciled: {error}");
+        }
+        tokio::time::sleep(Duration::from_secs(30)).await;
     }
-    Ok(())
 }

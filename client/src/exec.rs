@@ -346,6 +346,11 @@ impl Connection {
         &self.cache
     }
 
+    /// The client, to begin a transaction on, beside the statement cache.
+    pub(crate) fn parts_mut(&mut self) -> (&mut Client, &StatementCache) {
+        (&mut self.client, &self.cache)
+    }
+
     /// Begins a transaction (`BEGIN`) that shares this connection's statements.
     ///
     /// Calls made with it run inside it: a job submitted there becomes visible only when the

@@ -66,6 +66,12 @@
 //! Tables are read by [`get_job`], [`get_attempt`] and [`unknown_attempts`] (a reconciler's work
 //! list); they need `SELECT` on `intent.jobs` / `intent.attempts` (an operator's role).
 //!
+//! * **Reconciliation by asking the provider**: a [`Reconciler`] takes each `unknown` attempt,
+//!   asks its provider what became of the request sent under the attempt id (a
+//!   [`StatusLookup`]), and completes, fails (retryable), leaves or — after an age you choose —
+//!   abandons it, as docs/runbook.md § 2 says, each decision once however many reconcilers run
+//!   ([`reconciler`]).
+//!
 //! # Example
 //!
 //! ```no_run
@@ -115,7 +121,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! See `examples/` for a submitting service, a worker, a reconciler, and the failover demo
+//! See `examples/` for a submitting service, a worker, a reconciler (a [`Reconciler`] on a
+//! stand-in provider), and the failover demo
 //! (`failover_demo`: a failover refused, a provider certified by the harness, the failover
 //! allowed).
 #![warn(missing_docs)]
@@ -124,6 +131,7 @@ mod calls;
 mod error;
 mod exec;
 pub mod harness;
+pub mod reconciler;
 mod report;
 pub mod runner;
 mod types;
@@ -137,6 +145,7 @@ pub use calls::{
 };
 pub use error::Error;
 pub use exec::{Cached, Call, Connection, Executor, InTransaction, StatementCache, Transaction};
+pub use reconciler::{Reconciler, StatusLookup};
 pub use runner::{Connections, Runner};
 pub use types::{
     Attempt, AttemptRecord, AttemptState, BeginOptions, ClaimOptions, ClaimedAttempt, Completion,

@@ -1,0 +1,657 @@
+//! Resolving attempts whose outcome is `unknown` by asking the provider what became of them.
+//!
+//! A worker sends every provider call with the **attempt id as the provider's idempotency key**
+//! ([`crate::harness::ContractSuite::work_for`], [`crate::harness::Request::idempotency_key`]).
+//! When the worker then loses track of the call (its timeout fired, it crashed), the provider
+//! can still be asked "what happened to request K?" — Stripe's model, which any provider that
+//! keeps requests by idempotency key can answer. A [`Reconciler`] asks, through a
+//! [`StatusLookup`] you give it, and applies the rules of docs/runbook.md § 2:
+//!
+//! | the provider says ([`ProviderStatus`]) | the reconciler | the call |
+//! |---|---|---|
+//! | [`Done`](ProviderStatus::Done): finished, here is the output | completes the attempt with it: it wins unless another outcome already stood ([`Decision::Completed`]) | `complete_attempt` |
+//! | [`NeverReceived`](ProviderStatus::NeverReceived), or [`Failed`](ProviderStatus::Failed): it refused or failed the request without doing the work | fails it as retryable: the job goes back to `pending` and the next attempt may begin ([`Decision::Failed`]) | `fail_attempt(retryable => true)` |
+//! | [`Running`](ProviderStatus::Running): still working on it | leaves it; asks again next pass ([`Decision::Running`]) | — |
+//! | [`CannotTell`](ProviderStatus::CannotTell): no record, records expired | leaves it while it is younger than [`Reconciler::abandon_after`] ([`Decision::TooYoung`]), abandons it after ([`Decision::Abandoned`]); never, without that setting | `abandon_attempt` |
+//!
+//! A lookup that fails (the status API unreachable, an answer it cannot read) decides nothing
+//! ([`Decision::LookupFailed`]): "the provider cannot tell" must be the provider's own answer,
+//! never a network error's.
+//!
+//! # Each decision once
+//!
+//! Any number of reconcilers may run at once, in any number of processes: each attempt is
+//! decided once. For every attempt the reconciler opens a `READ COMMITTED` transaction, takes a
+//! transaction-level advisory lock on the attempt id without waiting
+//! (`pg_try_advisory_xact_lock`; another reconciler holding it means [`Decision::Busy`]), reads
+//! the attempt's state **in a later statement** (so that it sees whatever the previous holder
+//! committed; an attempt that is no longer `unknown` is [`Decision::AlreadyDecided`]), asks
+//! the provider, makes the call and commits, which releases the lock. An advisory lock rather
+//! than `SELECT … FOR UPDATE`: an operator has `SELECT` on `intent.attempts`, and `FOR UPDATE`
+//! needs `UPDATE`. The calls themselves are idempotent and check the attempt's state as well, so
+//! a lock key shared with an unrelated application only makes an attempt wait a pass.
+//!
+//! # What is recorded
+//!
+//! pg_intent 0.3.0 has no event of its own for a reconciliation, so each decision is recorded
+//! where that call records it, with the evidence (what the provider said,
+//! [`Lookup::evidence`]) in it:
+//!
+//! * **completed**: the attempt row — `succeeded` (or `discarded`, `failed` by the contract)
+//!   with the provider's output as its `result`. The output is the job's result and is not
+//!   altered; a `lost` completion also logs a `late_result` event, a rejected one a
+//!   `contract_violation` event.
+//! * **failed**: the attempt's `error` document, `{"kind": "reconciled", "decision":
+//!   "failed", "provider_says", "reconciled_by", "evidence", …}` (and the job's, when no
+//!   attempt is left).
+//! * **abandoned**: the `abandoned` event, whose `reason` is the same document as JSON text
+//!   (`{"kind": "reconciled", "decision": "abandoned", "provider_says": "cannot_tell",
+//!   "age_s", "abandon_after_s", …}`, at most 1000 characters).
+//!
+//! Every decision, and every lookup that failed, is also logged (the `log` target
+//! `pg_intent_client`) with its evidence, and returned in the [`Pass`].
+//!
+//! # Privileges
+//!
+//! `SELECT` on `intent.attempts` (the work list), `EXECUTE` on `sweep` and `abandon_attempt`:
+//! an operator's role (`intent_operator`), on a session bound to no owner.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio_postgres::IsolationLevel;
+use uuid::Uuid;
+
+use crate::calls::{
+    MAX_REASON_CHARS, abandon_attempt, complete_attempt, fail_attempt, sweep, unknown_attempts,
+};
+use crate::error::{Context, Error};
+use crate::exec::{Connection, Executor, StatementCache};
+use crate::runner::BoxError;
+use crate::types::{AttemptRecord, AttemptState, Completion, JobState};
+
+/// What the provider says became of a request (the attempt's id was its idempotency key).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum ProviderStatus {
+    /// It finished: the output, as the worker would have reported it. The attempt is completed
+    /// with it.
+    Done(Value),
+    /// It received the request and refused or failed it without doing the work (a 4xx, a 503
+    /// with `Retry-After`, an answer that cannot be used): what it said. The attempt fails,
+    /// retryable.
+    Failed(Value),
+    /// It has no record of ever receiving the request. The attempt fails, retryable.
+    NeverReceived,
+    /// It is still working on it. The attempt is left; the next pass asks again.
+    Running,
+    /// Nobody can tell: the provider's records of it are gone (expired, lost) or it has no
+    /// status API. The attempt is abandoned once older than [`Reconciler::abandon_after`].
+    CannotTell,
+}
+
+impl ProviderStatus {
+    /// `done`, `failed`, `never_received`, `running` or `cannot_tell`: how the records say it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ProviderStatus::Done(_) => "done",
+            ProviderStatus::Failed(_) => "failed",
+            ProviderStatus::NeverReceived => "never_received",
+            ProviderStatus::Running => "running",
+            ProviderStatus::CannotTell => "cannot_tell",
+        }
+    }
+}
+
+/// A provider's answer to a status lookup: the status, and the evidence it rests on (what was
+/// asked and what the provider answered: an URL without credentials, the HTTP status, the
+/// provider's own request id, …), recorded with the decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lookup {
+    /// What became of the request.
+    pub status: ProviderStatus,
+    /// What it rests on (`null`: nothing beyond the status).
+    pub evidence: Value,
+}
+
+impl Lookup {
+    /// A lookup's answer without evidence beyond the status.
+    pub fn new(status: ProviderStatus) -> Self {
+        Lookup {
+            status,
+            evidence: Value::Null,
+        }
+    }
+
+    /// The same answer, with `evidence`.
+    pub fn evidence(mut self, evidence: Value) -> Self {
+        self.evidence = evidence;
+        self
+    }
+}
+
+/// A boxed future of a status lookup.
+pub type LookupFuture<'a> = Pin<Box<dyn Future<Output = Result<Lookup, BoxError>> + Send + 'a>>;
+
+/// Asks a provider what became of an attempt's request (sent with the attempt id as its
+/// idempotency key).
+///
+/// An `Err` means the lookup itself failed (the status API unreachable, an answer that cannot
+/// be read): nothing is decided, and the next pass asks again. Answer
+/// [`ProviderStatus::CannotTell`] only when the provider says it cannot tell (or has no status
+/// API at all): that answer can lead to abandoning the attempt.
+///
+/// Any `Fn(AttemptRecord) -> impl Future<Output = Result<Lookup, BoxError>>` is one;
+/// [`crate::harness::RequestLookup`] (feature `openai`) asks OpenAI-compatible providers that
+/// keep requests by idempotency key.
+pub trait StatusLookup: Send + Sync {
+    /// What became of `attempt` (its provider is `attempt.provider`).
+    fn lookup<'a>(&'a self, attempt: &'a AttemptRecord) -> LookupFuture<'a>;
+}
+
+impl<F, Fut> StatusLookup for F
+where
+    F: Fn(AttemptRecord) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<Lookup, BoxError>> + Send + 'static,
+{
+    fn lookup<'a>(&'a self, attempt: &'a AttemptRecord) -> LookupFuture<'a> {
+        Box::pin(self(attempt.clone()))
+    }
+}
+
+impl<L: StatusLookup + ?Sized> StatusLookup for Arc<L> {
+    fn lookup<'a>(&'a self, attempt: &'a AttemptRecord) -> LookupFuture<'a> {
+        (**self).lookup(attempt)
+    }
+}
+
+/// What a reconciler did with one attempt.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Decision {
+    /// The provider finished: `complete_attempt` answered this (`won`: the job succeeded with
+    /// the provider's output).
+    Completed(Completion),
+    /// The provider never received it, or refused it: `fail_attempt` (retryable) left the job
+    /// in this state (`pending`: another attempt may begin; `failed`: none left).
+    Failed(JobState),
+    /// Nobody could tell, and it was older than [`Reconciler::abandon_after`]: abandoned; the
+    /// job is `pending` again.
+    Abandoned,
+    /// The provider is still working on it: left.
+    Running,
+    /// Nobody could tell, and it is younger than [`Reconciler::abandon_after`] (or abandoning
+    /// is off): left.
+    TooYoung {
+        /// How long ago it started.
+        age: Duration,
+    },
+    /// Another reconciler is deciding it at this moment: left to it.
+    Busy,
+    /// It was no longer `unknown` when its lock was taken (decided by another reconciler, a
+    /// person or the worker's late report): nothing to do.
+    AlreadyDecided(AttemptState),
+    /// It no longer exists (purged with its job): nothing to do.
+    Gone,
+    /// The lookup failed or took longer than [`Reconciler::lookup_timeout`]: left; the next
+    /// pass asks again.
+    LookupFailed(String),
+}
+
+impl Decision {
+    /// Whether the attempt was decided by this reconciler (completed, failed or abandoned), as
+    /// opposed to left as it was.
+    pub fn is_decision(&self) -> bool {
+        matches!(
+            self,
+            Decision::Completed(_) | Decision::Failed(_) | Decision::Abandoned
+        )
+    }
+}
+
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Decision::Completed(c) => write!(f, "completed with the provider's output ({c})"),
+            Decision::Failed(s) => write!(f, "failed as retryable (the job is {s})"),
+            Decision::Abandoned => f.write_str("abandoned: nobody can tell"),
+            Decision::Running => f.write_str("left: the provider is still working on it"),
+            Decision::TooYoung { age } => write!(f, "left: nobody can tell yet ({age:?} old)"),
+            Decision::Busy => f.write_str("left: another reconciler holds it"),
+            Decision::AlreadyDecided(s) => write!(f, "already decided ({s})"),
+            Decision::Gone => f.write_str("gone (purged)"),
+            Decision::LookupFailed(e) => write!(f, "left: the lookup failed: {e}"),
+        }
+    }
+}
+
+/// One attempt, reconciled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reconciled {
+    /// The attempt.
+    pub attempt_id: Uuid,
+    /// Its job.
+    pub job_id: Uuid,
+    /// Its provider.
+    pub provider: String,
+    /// What was done.
+    pub decision: Decision,
+    /// What the provider said ([`Lookup::evidence`] with its status), `null` when it was not
+    /// asked.
+    pub evidence: Value,
+}
+
+/// What one [`Reconciler::run_once`] did.
+#[derive(Debug, Default)]
+pub struct Pass {
+    /// How many lapsed leases `sweep` persisted as `unknown` first.
+    pub swept: u64,
+    /// Each attempt of the work list, in order.
+    pub reconciled: Vec<Reconciled>,
+    /// The attempts whose call the database refused or could not run (each in a transaction
+    /// of its own, rolled back): they stay `unknown` for the next pass.
+    pub errors: Vec<(Uuid, Error)>,
+}
+
+impl Pass {
+    /// The attempts decided (completed, failed or abandoned) in this pass.
+    pub fn decided(&self) -> impl Iterator<Item = &Reconciled> {
+        self.reconciled.iter().filter(|r| r.decision.is_decision())
+    }
+}
+
+/// A connection a reconciler can run its transactions on: a [`Connection`], or (feature
+/// `deadpool`) a pooled `deadpool_postgres::Object`. Not in a transaction already, and not used
+/// by anything else while the reconciler runs.
+pub trait Transactional: Executor + sealed::Sealed {
+    /// The client to begin transactions on, and the statement cache of its connection if it
+    /// keeps one the calls can share (without one, a pass prepares its statements once).
+    #[doc(hidden)]
+    fn client_and_cache(&mut self) -> (&mut tokio_postgres::Client, Option<&StatementCache>);
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+impl sealed::Sealed for Connection {}
+
+impl Transactional for Connection {
+    fn client_and_cache(&mut self) -> (&mut tokio_postgres::Client, Option<&StatementCache>) {
+        let (client, cache) = self.parts_mut();
+        (client, Some(cache))
+    }
+}
+
+#[cfg(feature = "deadpool")]
+impl sealed::Sealed for deadpool_postgres::Object {}
+
+#[cfg(feature = "deadpool")]
+impl Transactional for deadpool_postgres::Object {
+    fn client_and_cache(&mut self) -> (&mut tokio_postgres::Client, Option<&StatementCache>) {
+        // deadpool's statement cache is keyed by SQL text and lives with the connection; the
+        // transaction's calls use a cache of their own instead, for one pass.
+        let client: &mut tokio_postgres::Client = &mut *self;
+        (client, None)
+    }
+}
+
+/// The first key of the reconciler's advisory locks (the second is `hashtext(attempt id)`):
+/// `'pgir'` in ASCII, so that the locks are recognisable in `pg_locks` (`classid`).
+pub const LOCK_CLASS: i32 = 0x7067_6972;
+
+/// The default [`Reconciler::batch`].
+pub const DEFAULT_BATCH: u32 = 100;
+
+/// The default [`Reconciler::lookup_timeout`].
+pub const DEFAULT_LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Resolves `unknown` attempts by asking their provider (see the [module](self) documentation).
+///
+/// ```no_run
+/// # async fn f(mut db: pg_intent_client::Connection) -> Result<(), pg_intent_client::Error> {
+/// use std::time::Duration;
+/// use pg_intent_client::reconciler::{Lookup, ProviderStatus, Reconciler};
+///
+/// // A provider with no status API: nobody can tell, so abandon after 15 minutes.
+/// let reconciler = Reconciler::new(|_attempt| async {
+///     Ok(Lookup::new(ProviderStatus::CannotTell))
+/// })
+/// .abandon_after(Duration::from_secs(15 * 60))
+/// .name("reconciler-1");
+/// let pass = reconciler.run_once(&mut db).await?;
+/// for r in pass.decided() {
+///     println!("{}: {}", r.attempt_id, r.decision);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Reconciler {
+    lookup: Arc<dyn StatusLookup>,
+    abandon_after: Option<Duration>,
+    batch: u32,
+    lookup_timeout: Duration,
+    name: String,
+}
+
+impl fmt::Debug for Reconciler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reconciler")
+            .field("abandon_after", &self.abandon_after)
+            .field("batch", &self.batch)
+            .field("lookup_timeout", &self.lookup_timeout)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reconciler {
+    /// A reconciler asking `lookup`; it never abandons until told
+    /// ([`Reconciler::abandon_after`]).
+    pub fn new(lookup: impl StatusLookup + 'static) -> Self {
+        Reconciler {
+            lookup: Arc::new(lookup),
+            abandon_after: None,
+            batch: DEFAULT_BATCH,
+            lookup_timeout: DEFAULT_LOOKUP_TIMEOUT,
+            name: "reconciler".into(),
+        }
+    }
+
+    /// Abandons an attempt nobody can tell about once it started longer than `age` ago (by
+    /// the database's clock). Abandoning means the work may happen twice (runbook § 2.4):
+    /// choose an age after which a duplicate is better than waiting. Default: never, such
+    /// attempts are left to a person.
+    pub fn abandon_after(mut self, age: Duration) -> Self {
+        self.abandon_after = Some(age);
+        self
+    }
+
+    /// Never abandons (the default): an attempt nobody can tell about is left to a person.
+    pub fn never_abandon(mut self) -> Self {
+        self.abandon_after = None;
+        self
+    }
+
+    /// How many `unknown` attempts one pass takes on, oldest first (default
+    /// [`DEFAULT_BATCH`]; at least 1).
+    pub fn batch(mut self, n: u32) -> Self {
+        self.batch = n.max(1);
+        self
+    }
+
+    /// How long one lookup may take (default [`DEFAULT_LOOKUP_TIMEOUT`]). The attempt's
+    /// transaction stays open meanwhile.
+    pub fn lookup_timeout(mut self, timeout: Duration) -> Self {
+        self.lookup_timeout = timeout;
+        self
+    }
+
+    /// Who decides, as recorded (`reconciled_by`) and logged (default `reconciler`).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// One pass: `sweep` (lapsed leases become `unknown`), then each `unknown` attempt, oldest
+    /// first, at most [`Reconciler::batch`] of them, reconciled as [`Reconciler::reconcile`]
+    /// does. `db` must not be in a transaction.
+    ///
+    /// An `Err` is a failed `sweep` or work list; a call refused for one attempt is in
+    /// [`Pass::errors`], and the pass goes on with the next (it stops when the connection is
+    /// closed).
+    pub async fn run_once<C: Transactional + ?Sized>(&self, db: &mut C) -> Result<Pass, Error> {
+        let swept = sweep(&*db).await?;
+        let work = unknown_attempts(&*db, self.batch).await?;
+        let mut pass = Pass {
+            swept,
+            ..Pass::default()
+        };
+        let scratch = StatementCache::new();
+        for attempt in &work {
+            match self.reconcile_with(db, attempt, &scratch).await {
+                Ok(r) => pass.reconciled.push(r),
+                Err(e) => {
+                    log::warn!(
+                        target: "pg_intent_client",
+                        "{}: attempt {} ({}): not reconciled: {e}",
+                        self.name, attempt.id, attempt.provider
+                    );
+                    pass.errors.push((attempt.id, e));
+                    if db.client().is_closed() {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(pass)
+    }
+
+    /// Reconciles one attempt of [`crate::unknown_attempts`]'s list, in a transaction of its
+    /// own on `db` (which must not be in one): takes its lock (or answers
+    /// [`Decision::Busy`]), checks that it is still `unknown` (or answers
+    /// [`Decision::AlreadyDecided`]), asks the provider, and makes the decision.
+    pub async fn reconcile<C: Transactional + ?Sized>(
+        &self,
+        db: &mut C,
+        attempt: &AttemptRecord,
+    ) -> Result<Reconciled, Error> {
+        self.reconcile_with(db, attempt, &StatementCache::new())
+            .await
+    }
+
+    async fn reconcile_with<C: Transactional + ?Sized>(
+        &self,
+        db: &mut C,
+        attempt: &AttemptRecord,
+        scratch: &StatementCache,
+    ) -> Result<Reconciled, Error> {
+        let cx = Context::attempt(attempt.id);
+        let pg = |e| Error::from_pg(e, cx);
+        let (client, cache) = db.client_and_cache();
+        let cache = cache.unwrap_or(scratch);
+        // READ COMMITTED whatever the session's default: each statement sees what was
+        // committed before it began (see `decide`). Dropped on an error, it rolls back.
+        let tx = client
+            .build_transaction()
+            .isolation_level(IsolationLevel::ReadCommitted)
+            .start()
+            .await
+            .map_err(pg)?;
+        let (decision, evidence) = self.decide(&cache.on(&tx), attempt).await?;
+        tx.commit().await.map_err(pg)?;
+        let reconciled = Reconciled {
+            attempt_id: attempt.id,
+            job_id: attempt.job_id,
+            provider: attempt.provider.clone(),
+            decision,
+            evidence,
+        };
+        self.log(&reconciled);
+        Ok(reconciled)
+    }
+
+    async fn decide(
+        &self,
+        tx: &(impl Executor + ?Sized),
+        attempt: &AttemptRecord,
+    ) -> Result<(Decision, Value), Error> {
+        let cx = Context::attempt(attempt.id);
+        let pg = |e| Error::from_pg(e, cx);
+        let client = tx.client();
+        let locked: bool = client
+            .query_one(
+                "SELECT pg_catalog.pg_try_advisory_xact_lock($1::int4, pg_catalog.hashtext($2::uuid::text))",
+                &[&LOCK_CLASS, &attempt.id],
+            )
+            .await
+            .map_err(pg)?
+            .get(0);
+        if !locked {
+            return Ok((Decision::Busy, Value::Null));
+        }
+        // A statement of its own, after the lock: under READ COMMITTED it sees what the lock's
+        // previous holder committed. (Read in the lock's statement, the state would come from
+        // a snapshot taken before the lock was granted, and could be the undecided one.)
+        let row = client
+            .query_opt(
+                "SELECT state::text, version_read, \
+                 extract(epoch FROM statement_timestamp() - started_at)::float8 \
+                 FROM intent.attempts WHERE id = $1",
+                &[&attempt.id],
+            )
+            .await
+            .map_err(pg)?;
+        let Some(row) = row else {
+            return Ok((Decision::Gone, Value::Null));
+        };
+        let state: AttemptState = row
+            .try_get::<_, &str>(0)
+            .map_err(|source| Error::Decode { source })?
+            .parse()?;
+        if state != AttemptState::Unknown {
+            return Ok((Decision::AlreadyDecided(state), Value::Null));
+        }
+        let version: i64 = row.try_get(1).map_err(|source| Error::Decode { source })?;
+        let age_secs: f64 = row.try_get(2).map_err(|source| Error::Decode { source })?;
+        let age = Duration::try_from_secs_f64(age_secs.max(0.0)).unwrap_or(Duration::MAX);
+        let mut handle = attempt.handle();
+        handle.version = version;
+
+        let lookup = match tokio::time::timeout(self.lookup_timeout, self.lookup.lookup(attempt))
+            .await
+        {
+            Err(_) => {
+                return Ok((
+                    Decision::LookupFailed(format!("no answer within {:?}", self.lookup_timeout)),
+                    Value::Null,
+                ));
+            }
+            Ok(Err(e)) => return Ok((Decision::LookupFailed(e.to_string()), Value::Null)),
+            Ok(Ok(lookup)) => lookup,
+        };
+        let evidence = json!({
+            "provider_says": lookup.status.as_str(),
+            "evidence": lookup.evidence,
+        });
+        let record = |decision: &str| {
+            json!({
+                "kind": "reconciled",
+                "decision": decision,
+                "provider_says": lookup.status.as_str(),
+                "reconciled_by": self.name,
+                "evidence": lookup.evidence,
+            })
+        };
+        let decision = match &lookup.status {
+            ProviderStatus::Done(result) => {
+                Decision::Completed(complete_attempt(tx, &handle, result).await?)
+            }
+            ProviderStatus::Failed(said) => {
+                let mut error = record("failed");
+                error["provider_error"] = said.clone();
+                Decision::Failed(fail_attempt(tx, &handle, &error, true).await?)
+            }
+            ProviderStatus::NeverReceived => {
+                Decision::Failed(fail_attempt(tx, &handle, &record("failed"), true).await?)
+            }
+            ProviderStatus::Running => Decision::Running,
+            ProviderStatus::CannotTell => match self.abandon_after {
+                Some(after) if age >= after => {
+                    let mut reason = record("abandoned");
+                    reason["age_s"] = json!(seconds(age));
+                    reason["abandon_after_s"] = json!(seconds(after));
+                    abandon_attempt(tx, attempt.id, &reason_text(reason)).await?;
+                    Decision::Abandoned
+                }
+                _ => Decision::TooYoung { age },
+            },
+        };
+        Ok((decision, evidence))
+    }
+
+    fn log(&self, r: &Reconciled) {
+        let level = match r.decision {
+            Decision::Completed(_) | Decision::Failed(_) | Decision::Abandoned => log::Level::Info,
+            Decision::LookupFailed(_) => log::Level::Warn,
+            _ => log::Level::Debug,
+        };
+        log::log!(
+            target: "pg_intent_client",
+            level,
+            "{}: attempt {} ({}): {}; evidence: {}",
+            self.name,
+            r.attempt_id,
+            r.provider,
+            r.decision,
+            r.evidence
+        );
+    }
+}
+
+/// Seconds, to the millisecond.
+fn seconds(d: Duration) -> f64 {
+    d.as_millis() as f64 / 1000.0
+}
+
+/// `reason` as JSON text of at most [`MAX_REASON_CHARS`] characters (what `abandon_attempt`
+/// takes), still JSON: a long `evidence` is replaced by the start of its text.
+fn reason_text(mut reason: Value) -> String {
+    let text = reason.to_string();
+    if text.chars().count() <= MAX_REASON_CHARS {
+        return text;
+    }
+    let evidence = reason["evidence"].to_string();
+    reason["evidence"] = json!("");
+    let room = MAX_REASON_CHARS.saturating_sub(reason.to_string().chars().count() + 16);
+    // Escaping can lengthen the cut text: cut until it fits.
+    let mut keep = room.min(evidence.chars().count());
+    loop {
+        let cut: String = evidence.chars().take(keep).collect();
+        reason["evidence"] = json!(format!("{cut}…"));
+        let text = reason.to_string();
+        if text.chars().count() <= MAX_REASON_CHARS || keep == 0 {
+            return text;
+        }
+        keep = keep.saturating_sub((keep / 4).max(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_reasons_stay_json_within_the_limit() {
+        let short = json!({"kind": "reconciled", "evidence": {"status": 410}});
+        assert_eq!(reason_text(short.clone()), short.to_string());
+        let long = json!({"kind": "reconciled", "evidence": {"body": "\"\\".repeat(2000)}});
+        let text = reason_text(long);
+        assert!(text.chars().count() <= MAX_REASON_CHARS, "{}", text.len());
+        let parsed: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(parsed["kind"], "reconciled");
+        assert!(parsed["evidence"].as_str().unwrap().ends_with('…'));
+    }
+
+    #[test]
+    fn only_calls_are_decisions() {
+        assert!(Decision::Completed(Completion::Won).is_decision());
+        assert!(Decision::Failed(JobState::Pending).is_decision());
+        assert!(Decision::Abandoned.is_decision());
+        for left in [
+            Decision::Running,
+            Decision::Busy,
+            Decision::TooYoung {
+                age: Duration::ZERO,
+            },
+            Decision::AlreadyDecided(AttemptState::Succeeded),
+            Decision::LookupFailed("x".into()),
+        ] {
+            assert!(!left.is_decision(), "{left:?}");
+        }
+    }
+}
