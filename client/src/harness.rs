@@ -183,7 +183,9 @@ mod redact;
 
 pub use history::RunHistory;
 #[cfg(feature = "openai")]
-pub use openai::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RESPONSE_BYTES, OpenAiCompatible};
+pub use openai::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RESPONSE_BYTES, OpenAiCompatible, RequestLookup,
+};
 pub use redact::redact_url;
 
 /// How many characters of a text (a raw answer, a prompt) the evidence keeps.
@@ -235,8 +237,8 @@ pub struct Request {
     /// A sampling seed, for providers that take one.
     pub seed: Option<u64>,
     /// The provider's idempotency key for this call (`Idempotency-Key`): the attempt id when a
-    /// worker makes the call, so that a reconciler can later ask the provider what became of
-    /// it. `None` for the harness's own test runs.
+    /// worker makes the call, so that a [`crate::Reconciler`] can later ask the provider what
+    /// became of it. `None` for the harness's own test runs.
     pub idempotency_key: Option<String>,
 }
 
@@ -593,8 +595,8 @@ impl ContractSuite {
 
     /// [`ContractSuite::ask`] for an attempt: the call carries the attempt id as the
     /// provider's idempotency key ([`Request::idempotency_key`]), so that the provider does
-    /// the work once however often it is sent, and a reconciler can ask the provider what
-    /// became of an attempt whose outcome is unknown.
+    /// the work once however often it is sent, and a [`crate::Reconciler`] can ask the
+    /// provider what became of an attempt whose outcome is unknown.
     pub async fn ask_for<P: Provider>(
         &self,
         provider: &P,

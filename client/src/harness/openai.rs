@@ -1,12 +1,20 @@
 //! A [`Provider`] for any OpenAI-compatible chat-completions API (feature `openai`).
 
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use super::redact::{scrub, url_secrets};
-use super::{Delivery, Provider, ProviderError, Request, check_temperature, redact_url};
+use super::{
+    ContractSuite, Delivery, Parse, Provider, ProviderError, Request, check_temperature, cut,
+    redact_url,
+};
+use crate::reconciler::{Lookup, LookupFuture, ProviderStatus, StatusLookup};
+use crate::runner::BoxError;
+use crate::types::AttemptRecord;
 
 /// How much of an error answer's body is read (and at most [`ERROR_BODY_CHARS`] of it kept).
 const ERROR_BODY_BYTES: usize = 64 * 1024;
@@ -355,6 +363,184 @@ impl Provider for OpenAiCompatible {
                 ProviderError::answered("the answer has no choices[0].message.content text")
                     .with_status(status.as_u16())
             })
+    }
+}
+
+impl OpenAiCompatible {
+    /// `{base}/v1/requests/{key}`: where the provider says what became of the request sent
+    /// under idempotency key `key` (the query string kept).
+    fn status_url(&self, key: &str) -> String {
+        let (path, query) = match self.url.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (self.url.as_str(), None),
+        };
+        let base = path.strip_suffix("/chat/completions").unwrap_or(path);
+        // A path segment: everything but RFC 3986's unreserved characters escaped.
+        const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+            .remove(b'-')
+            .remove(b'.')
+            .remove(b'_')
+            .remove(b'~');
+        let key: String = percent_encoding::utf8_percent_encode(key, SEGMENT).collect();
+        match query {
+            Some(q) => format!("{base}/requests/{key}?{q}"),
+            None => format!("{base}/requests/{key}"),
+        }
+    }
+
+    /// Asks what became of the request sent under idempotency key `key`:
+    /// `GET {base}/v1/requests/{key}` (see [`RequestLookup`] for the answers it reads).
+    async fn request_status(&self, key: &str, parse: &Parse) -> Result<Lookup, BoxError> {
+        let url = self.status_url(key);
+        let mut get = self.http.get(&url);
+        if let Some(api_key) = &self.api_key {
+            get = get.bearer_auth(api_key);
+        }
+        let asked = redact_url(&url);
+        let lost = |e: reqwest::Error| -> BoxError {
+            format!(
+                "GET {asked}: {}",
+                self.scrub(&with_causes(&e.without_url()))
+            )
+            .into()
+        };
+        let mut response = get.send().await.map_err(lost)?;
+        let status = response.status().as_u16();
+        let body = match read_at_most(&mut response, self.max_response_bytes)
+            .await
+            .map_err(lost)?
+        {
+            Ok(bytes) => bytes,
+            Err(()) => return Err(format!("GET {asked}: the answer is too large").into()),
+        };
+        let answer: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let message = answer
+            .pointer("/error/message")
+            .and_then(Value::as_str)
+            .map(|m| self.scrub(m));
+        let mut evidence = json!({"asked": format!("GET {asked}"), "http_status": status});
+        if let Some(message) = &message {
+            evidence["message"] = json!(cut(message));
+        }
+        let status = match status {
+            404 => ProviderStatus::NeverReceived,
+            410 => ProviderStatus::CannotTell,
+            200 => {
+                let said = answer.get("status").and_then(Value::as_str).unwrap_or("");
+                evidence["status"] = json!(said);
+                let response = answer.get("response").unwrap_or(&Value::Null);
+                if let Some(id) = response.get("id") {
+                    evidence["provider_request_id"] = id.clone();
+                }
+                match said {
+                    "running" => ProviderStatus::Running,
+                    "succeeded" => {
+                        let content = response
+                            .pointer("/choices/0/message/content")
+                            .and_then(Value::as_str)
+                            .ok_or_else(|| {
+                                format!(
+                                    "GET {asked}: a succeeded request without choices[0].message.content"
+                                )
+                            })?;
+                        match parse(content) {
+                            Ok(output) => ProviderStatus::Done(output),
+                            // As the worker would have reported the answer: a definite failure.
+                            Err(error) => ProviderStatus::Failed(json!({
+                                "kind": "not_json", "error": error, "raw": cut(content),
+                                "provider": self.name,
+                            })),
+                        }
+                    }
+                    "failed" => ProviderStatus::Failed(json!({
+                        "kind": "provider",
+                        "delivery": Delivery::Refused.as_str(),
+                        "status": answer.get("http_status"),
+                        "message": response
+                            .pointer("/error/message")
+                            .and_then(Value::as_str)
+                            .map(|m| cut(&self.scrub(m))),
+                        "provider": self.name,
+                    })),
+                    other => {
+                        return Err(format!("GET {asked}: unknown request status {other:?}").into());
+                    }
+                }
+            }
+            other => {
+                return Err(format!(
+                    "GET {asked}: HTTP {other}{}",
+                    message
+                        .map(|m| format!(": {}", cut(&m)))
+                        .unwrap_or_default()
+                )
+                .into());
+            }
+        };
+        Ok(Lookup::new(status).evidence(evidence))
+    }
+}
+
+/// A [`StatusLookup`] for OpenAI-compatible providers that keep requests by idempotency key
+/// (feature `openai`): asks `GET {base}/v1/requests/{attempt id}` of the attempt's provider,
+/// with its credentials, and reads the answer as pg_intent's test provider gives it:
+///
+/// | the provider answers | [`ProviderStatus`] |
+/// |---|---|
+/// | `200 {"status": "succeeded", "response": <chat completion>}` | `Done`, the content parsed as the suite's workers parse it ([`ContractSuite::parse`]); an answer that does not parse is `Failed`, as [`ContractSuite::work_for`] reports it |
+/// | `200 {"status": "failed", "http_status", "response": <error>}` | `Failed` (refused, nothing done) |
+/// | `200 {"status": "running"}` | `Running` |
+/// | `404` | `NeverReceived` |
+/// | `410` | `CannotTell` (its records of the request expired) |
+/// | anything else, or no answer | an `Err`: nothing is decided |
+///
+/// An attempt of a provider it was not given is an `Err` too: nobody asked, nothing decided.
+/// The evidence is the URL asked (without credentials), the HTTP status, the provider's status
+/// and request id, and its message (without credentials).
+#[derive(Clone)]
+pub struct RequestLookup {
+    providers: HashMap<String, OpenAiCompatible>,
+    parse: Arc<Parse>,
+}
+
+impl fmt::Debug for RequestLookup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RequestLookup")
+            .field("providers", &self.providers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RequestLookup {
+    /// A lookup that parses a finished answer as `suite` does; add the providers with
+    /// [`RequestLookup::provider`].
+    pub fn new(suite: &ContractSuite) -> Self {
+        RequestLookup {
+            providers: HashMap::new(),
+            parse: suite.parse.clone(),
+        }
+    }
+
+    /// Asks `provider` about the attempts of its name ([`Provider::name`]).
+    pub fn provider(mut self, provider: OpenAiCompatible) -> Self {
+        self.providers.insert(provider.name.clone(), provider);
+        self
+    }
+}
+
+impl StatusLookup for RequestLookup {
+    fn lookup<'a>(&'a self, attempt: &'a AttemptRecord) -> LookupFuture<'a> {
+        Box::pin(async move {
+            let provider = self.providers.get(&attempt.provider).ok_or_else(|| {
+                format!(
+                    "no status lookup for provider {:?}: ask it by hand (docs/runbook.md § 2.1)",
+                    attempt.provider
+                )
+            })?;
+            provider
+                .request_status(&attempt.id.to_string(), &*self.parse)
+                .await
+        })
     }
 }
 

@@ -1,0 +1,711 @@
+//! The reconciler against a real server and the real test provider over loopback: attempts
+//! whose outcome is unknown, resolved by asking the provider what became of the request sent
+//! under the attempt id (docs/runbook.md § 2), by an operator's role, each decision once.
+
+mod db;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use db::TestDb;
+use pg_intent_client::harness::{ContractSuite, OpenAiCompatible, Prompt, RequestLookup};
+use pg_intent_client::reconciler::{Decision, Pass, Reconciler};
+use pg_intent_client::{
+    self as intent, AttemptRecord, AttemptState, BeginOptions, Completion, Connection, Error,
+    JobState, NewJob, Run, Submitted, Worker,
+};
+use pg_intent_cluster::eventually;
+use pg_intent_test_provider::{Mode, TestProvider, captions};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+const PROVIDER: &str = "gpu-a";
+
+/// The suite a worker runs: the captions prompts; its parser is the lookup's too.
+fn suite() -> ContractSuite {
+    ContractSuite::new(captions::CONTRACT, |input| Prompt {
+        system: captions::system_prompt(),
+        user: captions::user_prompt(input),
+    })
+}
+
+fn options() -> pg_intent_client::harness::RunOptions {
+    pg_intent_client::harness::RunOptions::default()
+        .temperature(0.1)
+        .call_timeout(Duration::from_secs(30))
+}
+
+/// A database, the test provider on loopback, the client that talks to it, and a connection
+/// as a role that is only an operator (`intent_operator`: SELECT on the tables, no UPDATE).
+struct Setup {
+    t: TestDb,
+    db: Connection,
+    server: TestProvider,
+    gpu_a: OpenAiCompatible,
+}
+
+impl Setup {
+    async fn new() -> Setup {
+        let t = TestDb::new().await;
+        let db = t.conn().await;
+        let role = format!("rec_{}", t.name);
+        db.batch_execute(&format!(
+            "CREATE ROLE \"{role}\" LOGIN IN ROLE intent_operator"
+        ))
+        .await
+        .unwrap();
+        let server = TestProvider::start(Mode::WellBehaved).await.unwrap();
+        let gpu_a = OpenAiCompatible::new(PROVIDER, &server.base_url(), "fake-captioner");
+        Setup {
+            t,
+            db,
+            server,
+            gpu_a,
+        }
+    }
+
+    /// A new connection as the operator role.
+    async fn operator(&self) -> Connection {
+        let role = format!("rec_{}", self.t.name);
+        let (client, conn) = tokio_postgres::connect(
+            &self.t.cluster.conn_str_as(&self.t.name, &role),
+            tokio_postgres::NoTls,
+        )
+        .await
+        .unwrap();
+        tokio::spawn(conn);
+        Connection::new(client)
+    }
+
+    /// A reconciler asking the test provider, parsing as the suite's workers do.
+    fn reconciler(&self, name: &str) -> Reconciler {
+        Reconciler::new(RequestLookup::new(&suite()).provider(self.gpu_a.clone())).name(name)
+    }
+
+    async fn job(&self, key: &str, subject: &str) -> Uuid {
+        let s: Submitted<Value> = intent::submit_job(
+            &self.db,
+            &NewJob::new("alice", key, PROVIDER, &captions::input(subject)).max_attempts(3),
+        )
+        .await
+        .unwrap();
+        s.job_id
+    }
+
+    async fn attempt(&self, id: Uuid) -> AttemptRecord {
+        intent::get_attempt(&self.db, id).await.unwrap().unwrap()
+    }
+
+    async fn job_state(&self, job: Uuid) -> JobState {
+        intent::get_job(&self.db, job).await.unwrap().unwrap().state
+    }
+
+    /// The job's events: (kind, attempt, detail), in order.
+    async fn events(&self, job: Uuid) -> Vec<(String, Option<Uuid>, Value)> {
+        self.db
+            .query(
+                "SELECT kind::text, attempt_id, detail FROM intent.events WHERE job_id = $1 ORDER BY id",
+                &[&job],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect()
+    }
+
+    /// Waits until the provider has `status` for the request under `key`.
+    async fn provider_reaches(&self, key: Uuid, status: &str) {
+        let key = key.to_string();
+        assert!(
+            eventually(Duration::from_secs(30), || {
+                let ok = self.server.request_status(&key) == Some(status);
+                async move { ok }
+            })
+            .await,
+            "the provider never had {key} {status} (has {:?})",
+            self.server.request_status(&key)
+        );
+    }
+}
+
+/// The one entry of `pass` for `attempt`.
+#[track_caller]
+fn decision_of(pass: &Pass, attempt: Uuid) -> Decision {
+    assert!(pass.errors.is_empty(), "{:?}", pass.errors);
+    let mine: Vec<_> = pass
+        .reconciled
+        .iter()
+        .filter(|r| r.attempt_id == attempt)
+        .collect();
+    assert_eq!(mine.len(), 1, "{pass:?}");
+    mine[0].decision.clone()
+}
+
+/// The worker timed out (the attempt became `unknown`) while the provider, slower than the
+/// worker's timeout, went on and finished: the reconciler asks, gets the output, and completes
+/// the attempt with it, which wins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_attempt_the_provider_finished_is_completed_and_wins() {
+    let s = Setup::new().await;
+    let job = s.job("fox", "a red fox in the snow").await;
+    // The worker gives up after 1 s; the model answers after 3 s.
+    s.server.set_delay(Duration::from_secs(3));
+    let worker = Worker::new(&s.db, Duration::from_secs(1)).name("w-1");
+    let gpu_a = s.gpu_a.clone();
+    let run = worker
+        .run(job, None, |attempt| {
+            let gpu_a = gpu_a.clone();
+            async move {
+                let input = captions::input("a red fox in the snow");
+                suite()
+                    .work_for(&gpu_a, attempt.id(), &input, &options())
+                    .await
+            }
+        })
+        .await
+        .unwrap();
+    let Run::Unknown { attempt, .. } = run else {
+        panic!("{run:?}")
+    };
+    let id = attempt.id();
+    assert_eq!(s.job_state(job).await, JobState::Unknown);
+    // The call carried the attempt id as its idempotency key.
+    let received = s.server.requests();
+    assert_eq!(received.len(), 1);
+    assert_eq!(received[0].idempotency_key, Some(id.to_string()));
+    s.provider_reaches(id, "succeeded").await;
+
+    let mut op = s.operator().await;
+    let pass = s.reconciler("rec-1").run_once(&mut op).await.unwrap();
+    assert_eq!(
+        decision_of(&pass, id),
+        Decision::Completed(Completion::Won),
+        "{pass:?}"
+    );
+    let evidence = &pass.reconciled[0].evidence;
+    assert_eq!(evidence["provider_says"], "done", "{evidence}");
+    assert_eq!(evidence["evidence"]["http_status"], 200, "{evidence}");
+    assert_eq!(evidence["evidence"]["status"], "succeeded", "{evidence}");
+
+    // The provider's output is the job's result, from this attempt.
+    let j = intent::get_job(&s.db, job).await.unwrap().unwrap();
+    assert_eq!(j.state, JobState::Succeeded);
+    assert_eq!(j.completed_by, Some(id));
+    assert_eq!(
+        j.result,
+        Some(json!({
+            "subject": "a red fox in the snow",
+            "caption": "A photo of a red fox in the snow.",
+            "confidence": 0.9
+        }))
+    );
+    let a = s.attempt(id).await;
+    assert_eq!(a.state, AttemptState::Succeeded);
+    assert_eq!(a.result, j.result);
+    // Asked once, and the work was done once.
+    assert_eq!(s.server.lookups(), vec![id.to_string()]);
+    assert_eq!(s.server.requests().len(), 1);
+    // The next pass finds nothing to do.
+    let again = s.reconciler("rec-1").run_once(&mut op).await.unwrap();
+    assert!(again.reconciled.is_empty(), "{again:?}");
+}
+
+/// The worker began the attempt and lost it before the request left (here: it never sent it):
+/// the provider has no record (404), so the attempt fails as retryable and the gate opens: a
+/// new attempt, with the next number, runs and succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_the_provider_never_received_is_failed_and_retried_under_the_gate() {
+    let s = Setup::new().await;
+    let job = s.job("cat", "two cats asleep on a sofa").await;
+    let first = intent::begin_attempt(&s.db, job, BeginOptions::new().worker("w-1"))
+        .await
+        .unwrap();
+    intent::mark_unknown(&s.db, first.id(), Some("the worker lost the call"))
+        .await
+        .unwrap();
+    // The gate is shut while the outcome is unknown.
+    let refused = intent::begin_attempt(&s.db, job, BeginOptions::new())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, Error::OutcomeUnknown { .. }),
+        "{refused:?}"
+    );
+
+    let mut op = s.operator().await;
+    let pass = s.reconciler("rec-1").run_once(&mut op).await.unwrap();
+    assert_eq!(
+        decision_of(&pass, first.id()),
+        Decision::Failed(JobState::Pending)
+    );
+    let a = s.attempt(first.id()).await;
+    assert_eq!(a.state, AttemptState::Failed);
+    let error = a.error.unwrap();
+    assert_eq!(error["kind"], "reconciled", "{error}");
+    assert_eq!(error["decision"], "failed", "{error}");
+    assert_eq!(error["provider_says"], "never_received", "{error}");
+    assert_eq!(error["reconciled_by"], "rec-1", "{error}");
+    assert_eq!(error["evidence"]["http_status"], 404, "{error}");
+    assert!(
+        error["evidence"]["asked"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("/v1/requests/{}", first.id())),
+        "{error}"
+    );
+    assert_eq!(s.job_state(job).await, JobState::Pending);
+
+    // The retry, under the gate: a new attempt (no. 2, another id) is allowed and wins.
+    let worker = Worker::new(&s.db, Duration::from_secs(30)).name("w-2");
+    let gpu_a = s.gpu_a.clone();
+    let run = worker
+        .run(job, None, |attempt| {
+            let gpu_a = gpu_a.clone();
+            async move {
+                let input = captions::input("two cats asleep on a sofa");
+                suite()
+                    .work_for(&gpu_a, attempt.id(), &input, &options())
+                    .await
+            }
+        })
+        .await
+        .unwrap();
+    let Run::Completed {
+        attempt: second,
+        completion: Completion::Won,
+        ..
+    } = run
+    else {
+        panic!("{run:?}")
+    };
+    assert_eq!(second.attempt_no(), 2);
+    assert_ne!(second.id(), first.id());
+    let j = intent::get_job(&s.db, job).await.unwrap().unwrap();
+    assert_eq!(j.state, JobState::Succeeded);
+    assert_eq!(j.completed_by, Some(second.id()));
+    assert_eq!(j.attempt_count, 2);
+    // The provider saw only the second attempt, under its own key.
+    let received = s.server.requests();
+    assert_eq!(received.len(), 1);
+    assert_eq!(received[0].idempotency_key, Some(second.id().to_string()));
+    // A failure logs no event in 0.3.0: the attempt's error is the record.
+    assert!(
+        s.events(job)
+            .await
+            .iter()
+            .all(|(kind, _, _)| kind == "timeout"),
+        "{:?}",
+        s.events(job).await
+    );
+}
+
+/// The provider is still generating when the worker gave up: the reconciler leaves the attempt
+/// (the gate stays shut), and completes it on a later pass, once the provider has finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_still_running_is_left_until_it_finishes() {
+    let s = Setup::new().await;
+    let job = s.job("ramen", "a bowl of ramen").await;
+    let attempt = intent::begin_attempt(&s.db, job, BeginOptions::new())
+        .await
+        .unwrap();
+    // The worker's call, sent under the attempt id; the provider takes a while.
+    s.server.set_delay(Duration::from_secs(3));
+    let call = {
+        let gpu_a = s.gpu_a.clone();
+        let id = attempt.id();
+        tokio::spawn(async move {
+            let input = captions::input("a bowl of ramen");
+            suite().ask_for(&gpu_a, id, &input, &options()).await
+        })
+    };
+    // Once the provider has it, the worker gives up (the connection closes) and marks it.
+    s.provider_reaches(attempt.id(), "running").await;
+    call.abort();
+    let _ = call.await;
+    intent::mark_unknown(&s.db, attempt.id(), Some("timeout"))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.server.request_status(&attempt.id().to_string()),
+        Some("running")
+    );
+
+    let mut op = s.operator().await;
+    let reconciler = s.reconciler("rec-1").abandon_after(Duration::ZERO);
+    let pass = reconciler.run_once(&mut op).await.unwrap();
+    assert_eq!(decision_of(&pass, attempt.id()), Decision::Running);
+    assert_eq!(s.attempt(attempt.id()).await.state, AttemptState::Unknown);
+    assert_eq!(s.job_state(job).await, JobState::Unknown);
+    let refused = intent::begin_attempt(&s.db, job, BeginOptions::new())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, Error::OutcomeUnknown { .. }),
+        "{refused:?}"
+    );
+    // Leaving is no decision: nothing was written.
+    assert_eq!(s.events(job).await.len(), 1, "{:?}", s.events(job).await);
+
+    s.provider_reaches(attempt.id(), "succeeded").await;
+    let pass = reconciler.run_once(&mut op).await.unwrap();
+    assert_eq!(
+        decision_of(&pass, attempt.id()),
+        Decision::Completed(Completion::Won)
+    );
+    assert_eq!(s.job_state(job).await, JobState::Succeeded);
+    assert_eq!(s.server.requests().len(), 1);
+}
+
+/// The provider did the work but has forgotten it (its records expired: 410): nobody can tell.
+/// Younger than the configured age, or with abandoning off, the attempt is left; older, it is
+/// abandoned, with the evidence in the `abandoned` event, and a new attempt may begin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_nobody_can_tell_about_is_left_while_young_and_abandoned_when_old() {
+    let s = Setup::new().await;
+    let job = s.job("tower", "the Eiffel Tower at night").await;
+    let attempt = intent::begin_attempt(&s.db, job, BeginOptions::new())
+        .await
+        .unwrap();
+    let input = captions::input("the Eiffel Tower at night");
+    suite()
+        .ask_for(&s.gpu_a, attempt.id(), &input, &options())
+        .await
+        .unwrap();
+    intent::mark_unknown(&s.db, attempt.id(), Some("the worker crashed"))
+        .await
+        .unwrap();
+    s.server.forget(&attempt.id().to_string());
+    let mut op = s.operator().await;
+
+    // Young: an hour is far off.
+    let young = s
+        .reconciler("rec-young")
+        .abandon_after(Duration::from_secs(3600))
+        .run_once(&mut op)
+        .await
+        .unwrap();
+    assert!(
+        matches!(decision_of(&young, attempt.id()), Decision::TooYoung { age } if age < Duration::from_secs(3600)),
+        "{young:?}"
+    );
+    assert_eq!(s.attempt(attempt.id()).await.state, AttemptState::Unknown);
+
+    // Old: once the attempt is older than the age (the database's clock says so).
+    let age = Duration::from_millis(500);
+    let started = s.attempt(attempt.id()).await.started_at;
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            let db = &s.db;
+            async move {
+                db.query_one(
+                    "SELECT statement_timestamp() - $1::timestamptz > interval '600 milliseconds'",
+                    &[&started],
+                )
+                .await
+                .unwrap()
+                .get::<_, bool>(0)
+            }
+        })
+        .await
+    );
+    // Abandoning off (the default): left, however old.
+    let never = s.reconciler("rec-never").run_once(&mut op).await.unwrap();
+    assert!(
+        matches!(decision_of(&never, attempt.id()), Decision::TooYoung { age } if age > Duration::from_millis(600)),
+        "{never:?}"
+    );
+    assert_eq!(s.attempt(attempt.id()).await.state, AttemptState::Unknown);
+
+    let old = s
+        .reconciler("rec-old")
+        .abandon_after(age)
+        .run_once(&mut op)
+        .await
+        .unwrap();
+    assert_eq!(decision_of(&old, attempt.id()), Decision::Abandoned);
+    assert_eq!(s.attempt(attempt.id()).await.state, AttemptState::Abandoned);
+    assert_eq!(s.job_state(job).await, JobState::Pending);
+
+    // The decision and its evidence, in the abandoned event.
+    let events = s.events(job).await;
+    let abandoned: Vec<_> = events.iter().filter(|e| e.0 == "abandoned").collect();
+    assert_eq!(abandoned.len(), 1, "{events:?}");
+    assert_eq!(abandoned[0].1, Some(attempt.id()));
+    let detail = &abandoned[0].2;
+    assert_eq!(detail["previous_state"], "unknown", "{detail}");
+    let reason: Value = serde_json::from_str(detail["reason"].as_str().unwrap()).unwrap();
+    assert_eq!(reason["kind"], "reconciled", "{reason}");
+    assert_eq!(reason["decision"], "abandoned", "{reason}");
+    assert_eq!(reason["provider_says"], "cannot_tell", "{reason}");
+    assert_eq!(reason["reconciled_by"], "rec-old", "{reason}");
+    assert_eq!(reason["evidence"]["http_status"], 410, "{reason}");
+    assert_eq!(reason["abandon_after_s"], 0.5, "{reason}");
+    assert!(reason["age_s"].as_f64().unwrap() > 0.6, "{reason}");
+    // The gate is open: the next attempt may begin.
+    let next = intent::begin_attempt(&s.db, job, BeginOptions::new())
+        .await
+        .unwrap();
+    assert_eq!(next.attempt_no(), 2);
+}
+
+/// What the provider did with each request of the race.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Fate {
+    Done,
+    NeverReceived,
+    Forgotten,
+}
+
+/// Two reconcilers, in two tasks on two connections (as two processes would be), start on the
+/// same work list at the same moment: each attempt is asked about once and decided once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_reconcilers_at_once_make_each_decision_once() {
+    const EACH: usize = 8;
+    let s = Setup::new().await;
+    let mut fates: HashMap<Uuid, (Uuid, Fate)> = HashMap::new();
+    for (i, fate) in [Fate::Done, Fate::NeverReceived, Fate::Forgotten]
+        .into_iter()
+        .cycle()
+        .take(3 * EACH)
+        .enumerate()
+    {
+        let job = s.job(&format!("race-{i}"), &format!("subject {i}")).await;
+        let attempt = intent::begin_attempt(&s.db, job, BeginOptions::new())
+            .await
+            .unwrap();
+        if fate != Fate::NeverReceived {
+            suite()
+                .ask_for(
+                    &s.gpu_a,
+                    attempt.id(),
+                    &captions::input(&format!("subject {i}")),
+                    &options(),
+                )
+                .await
+                .unwrap();
+        }
+        if fate == Fate::Forgotten {
+            s.server.forget(&attempt.id().to_string());
+        }
+        intent::mark_unknown(&s.db, attempt.id(), Some("timeout"))
+            .await
+            .unwrap();
+        fates.insert(attempt.id(), (job, fate));
+    }
+    // Slow lookups: each reconciler is still asking about one attempt while the other reaches
+    // it.
+    s.server.set_lookup_delay(Duration::from_millis(30));
+
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(2));
+    let mut tasks = Vec::new();
+    for name in ["rec-1", "rec-2"] {
+        let mut op = s.operator().await;
+        let reconciler = s.reconciler(name).abandon_after(Duration::ZERO);
+        let start = start.clone();
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            reconciler.run_once(&mut op).await.unwrap()
+        }));
+    }
+    let mut passes = Vec::new();
+    for t in tasks {
+        passes.push(t.await.unwrap());
+    }
+
+    // In the reconcilers' own reports: one decision per attempt, the other one left it to it.
+    let mut decided: HashMap<Uuid, Vec<(&str, Decision)>> = HashMap::new();
+    for (pass, name) in passes.iter().zip(["rec-1", "rec-2"]) {
+        assert!(pass.errors.is_empty(), "{name}: {:?}", pass.errors);
+        assert_eq!(pass.reconciled.len(), 3 * EACH, "{name}: {pass:?}");
+        for r in &pass.reconciled {
+            if r.decision.is_decision() {
+                decided
+                    .entry(r.attempt_id)
+                    .or_default()
+                    .push((name, r.decision.clone()));
+            } else {
+                assert!(
+                    matches!(r.decision, Decision::Busy | Decision::AlreadyDecided(_)),
+                    "{name}: {r:?}"
+                );
+            }
+        }
+    }
+    for (attempt, (_, fate)) in &fates {
+        let by = decided.get(attempt).cloned().unwrap_or_default();
+        assert_eq!(
+            by.len(),
+            1,
+            "attempt {attempt} ({fate:?}) decided by {by:?}"
+        );
+        let expected = match fate {
+            Fate::Done => Decision::Completed(Completion::Won),
+            Fate::NeverReceived => Decision::Failed(JobState::Pending),
+            Fate::Forgotten => Decision::Abandoned,
+        };
+        assert_eq!(by[0].1, expected, "attempt {attempt} ({fate:?})");
+    }
+    let per_reconciler = |name: &str| {
+        decided
+            .values()
+            .filter(|by| by.iter().any(|(n, _)| *n == name))
+            .count()
+    };
+    println!(
+        "rec-1 decided {}, rec-2 decided {}",
+        per_reconciler("rec-1"),
+        per_reconciler("rec-2")
+    );
+    assert!(per_reconciler("rec-1") > 0 && per_reconciler("rec-2") > 0);
+
+    // The provider was asked once about each attempt.
+    let mut asked: HashMap<String, usize> = HashMap::new();
+    for key in s.server.lookups() {
+        *asked.entry(key).or_default() += 1;
+    }
+    assert_eq!(asked.len(), 3 * EACH, "{asked:?}");
+    assert!(asked.values().all(|&n| n == 1), "{asked:?}");
+
+    // In the database: each attempt in its decided state, one abandoned event per abandoned
+    // attempt, and no late result or late failure anywhere (no second, contradicting call).
+    for (attempt, (job, fate)) in &fates {
+        let (state, job_state) = match fate {
+            Fate::Done => (AttemptState::Succeeded, JobState::Succeeded),
+            Fate::NeverReceived => (AttemptState::Failed, JobState::Pending),
+            Fate::Forgotten => (AttemptState::Abandoned, JobState::Pending),
+        };
+        assert_eq!(s.attempt(*attempt).await.state, state, "{fate:?}");
+        assert_eq!(s.job_state(*job).await, job_state, "{fate:?}");
+    }
+    let counts: Vec<(String, i64)> =
+        s.db.query(
+            "SELECT kind::text, count(*) FROM intent.events GROUP BY kind ORDER BY kind",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        counts,
+        vec![
+            ("abandoned".to_string(), EACH as i64),
+            ("timeout".to_string(), 3 * EACH as i64),
+        ]
+    );
+    let per_attempt: i64 =
+        s.db.query_one(
+            "SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM intent.events \
+             WHERE kind = 'abandoned' GROUP BY attempt_id) c",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(per_attempt, 1);
+}
+
+/// An attempt of a provider the lookup does not know is not decided: nobody was asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_without_a_lookup_decides_nothing() {
+    let s = Setup::new().await;
+    let s_job: Submitted<Value> = intent::submit_job(
+        &s.db,
+        &NewJob::new("alice", "elsewhere", "gpu-z", &json!({"subject": "x"})),
+    )
+    .await
+    .unwrap();
+    let attempt = intent::begin_attempt(&s.db, s_job.job_id, BeginOptions::new())
+        .await
+        .unwrap();
+    intent::mark_unknown(&s.db, attempt.id(), None)
+        .await
+        .unwrap();
+    let mut op = s.operator().await;
+    let pass = s
+        .reconciler("rec-1")
+        .abandon_after(Duration::ZERO)
+        .run_once(&mut op)
+        .await
+        .unwrap();
+    assert!(
+        matches!(decision_of(&pass, attempt.id()), Decision::LookupFailed(ref e) if e.contains("gpu-z")),
+        "{pass:?}"
+    );
+    assert_eq!(s.attempt(attempt.id()).await.state, AttemptState::Unknown);
+}
+
+/// A 502 (a proxy lost the upstream's answer) leaves the outcome unknown to the worker, and the
+/// provider did the work: completed. A 503 with `Retry-After` is a refusal the provider keeps:
+/// an attempt left unknown after it (the worker died before reporting) is failed, retryable,
+/// with the provider's error in its record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_gateway_is_completed_and_a_refusal_failed() {
+    let s = Setup::new().await;
+    s.server.set_mode(Mode::BadGateway);
+    let proxied = s.job("proxied", "ein Fahrrad im Regen").await;
+    let worker = Worker::new(&s.db, Duration::from_secs(30)).name("w-1");
+    let gpu_a = s.gpu_a.clone();
+    let run = worker
+        .run(proxied, None, |attempt| {
+            let gpu_a = gpu_a.clone();
+            async move {
+                let input = captions::input("ein Fahrrad im Regen");
+                suite()
+                    .work_for(&gpu_a, attempt.id(), &input, &options())
+                    .await
+            }
+        })
+        .await
+        .unwrap();
+    let Run::Unknown {
+        attempt: behind_proxy,
+        ..
+    } = run
+    else {
+        panic!("{run:?}")
+    };
+
+    s.server.set_mode(Mode::ServerError);
+    let refused_job = s.job("refused", "a red fox").await;
+    let refused = intent::begin_attempt(&s.db, refused_job, BeginOptions::new())
+        .await
+        .unwrap();
+    let answer = suite()
+        .ask_for(
+            &s.gpu_a,
+            refused.id(),
+            &captions::input("a red fox"),
+            &options(),
+        )
+        .await;
+    assert!(answer.is_err(), "{answer:?}");
+    intent::mark_unknown(&s.db, refused.id(), Some("the worker died"))
+        .await
+        .unwrap();
+
+    let mut op = s.operator().await;
+    let pass = s.reconciler("rec-1").run_once(&mut op).await.unwrap();
+    assert_eq!(
+        decision_of(&pass, behind_proxy.id()),
+        Decision::Completed(Completion::Won)
+    );
+    let j = intent::get_job(&s.db, proxied).await.unwrap().unwrap();
+    assert_eq!(j.state, JobState::Succeeded);
+    assert_eq!(j.result.unwrap()["subject"], "ein Fahrrad im Regen");
+
+    assert_eq!(
+        decision_of(&pass, refused.id()),
+        Decision::Failed(JobState::Pending)
+    );
+    let error = s.attempt(refused.id()).await.error.unwrap();
+    assert_eq!(error["provider_says"], "failed", "{error}");
+    assert_eq!(error["provider_error"]["status"], 503, "{error}");
+    assert_eq!(error["provider_error"]["delivery"], "refused", "{error}");
+    assert_eq!(
+        error["provider_error"]["message"], "the model is overloaded",
+        "{error}"
+    );
+}
