@@ -28,6 +28,7 @@
 
 pub mod key;
 pub mod problem;
+mod reconciler;
 mod worker;
 mod write_timeout;
 
@@ -56,6 +57,7 @@ use uuid::Uuid;
 
 use crate::key::KeyError;
 use crate::problem::{Kind, Problem};
+pub use crate::reconciler::{FakeProvider, ReconcilerConfig};
 
 /// The smallest [`HttpConfig::max_head_bytes`] (hyper's smallest buffer): 8 KiB.
 pub const MIN_HEAD_BYTES: usize = 8 * 1024;
@@ -130,6 +132,8 @@ pub struct Config {
     pub http: HttpConfig,
     /// The worker.
     pub worker: WorkerConfig,
+    /// The reconciler ([`Gateway::spawn_reconciler_until`]).
+    pub reconciler: ReconcilerConfig,
 }
 
 /// How long a request waits for the database before it is answered `503` + `Retry-After`.
@@ -233,6 +237,7 @@ impl Default for Config {
             database: DatabaseConfig::default(),
             http: HttpConfig::default(),
             worker: WorkerConfig::default(),
+            reconciler: ReconcilerConfig::default(),
         }
     }
 }

@@ -12,9 +12,12 @@
 //! (default `127.0.0.1:8080`), `GATEWAY_TOKENS` (`token=owner,…`), `GATEWAY_PROVIDERS`
 //! (`gpu-a,gpu-b`; the first is the one of `POST /jobs`), `GATEWAY_BIND_OWNER` (`true`:
 //! `SET LOCAL intent.owner_id` per request; needs `GRANT SET ON PARAMETER intent.owner_id`),
-//! `GATEWAY_WORKER` (`false`: no worker in this process), and the bounds of gateway/README.md
-//! § Timeouts (`GATEWAY_GRACE`, `GATEWAY_STATEMENT_TIMEOUT`, … as `250ms`, `5s` or seconds).
-//! The worker `LISTEN`s on `DATABASE_URL` for `NOTIFY intent_claimable`.
+//! `GATEWAY_WORKER` (`false`: no worker in this process), the reconciler's settings
+//! (`GATEWAY_RECONCILE=false`: off; `GATEWAY_RECONCILE_EVERY`, `GATEWAY_RECONCILE_ABANDON_AFTER`
+//! (unset: never abandon), `GATEWAY_RECONCILE_BATCH`; gateway/README.md § The reconciler), and
+//! the bounds of gateway/README.md § Timeouts (`GATEWAY_GRACE`, `GATEWAY_STATEMENT_TIMEOUT`, …
+//! as `250ms`, `5s` or seconds). The worker `LISTEN`s on `DATABASE_URL` for
+//! `NOTIFY intent_claimable`.
 //!
 //! SIGTERM or SIGINT (Ctrl-C): the gateway stops accepting connections, finishes the requests
 //! in flight, lets running attempts finish within the grace period and marks the rest
@@ -22,7 +25,7 @@
 
 use std::time::Duration;
 
-use pg_intent_gateway::{Config, Gateway, fake_provider, pool_with};
+use pg_intent_gateway::{Config, FakeProvider, Gateway, pool_with};
 use tokio::signal::unix::{SignalKind, signal};
 
 type BoxError = Box<dyn std::error::Error>;
@@ -114,6 +117,16 @@ async fn main() -> Result<(), BoxError> {
     duration_from_env("GATEWAY_WRITE_TIMEOUT", &mut http.write_timeout)?;
     number_from_env("GATEWAY_MAX_CONNECTIONS", &mut http.max_connections)?;
     duration_from_env("GATEWAY_DRAIN_TIMEOUT", &mut http.drain_timeout)?;
+    let rec = &mut config.reconciler;
+    rec.enabled = env("GATEWAY_RECONCILE", "true") == "true";
+    rec.name = format!("gateway-{}-reconciler", std::process::id());
+    duration_from_env("GATEWAY_RECONCILE_EVERY", &mut rec.every)?;
+    if std::env::var_os("GATEWAY_RECONCILE_ABANDON_AFTER").is_some() {
+        let mut age = Duration::ZERO;
+        duration_from_env("GATEWAY_RECONCILE_ABANDON_AFTER", &mut age)?;
+        rec.abandon_after = Some(age);
+    }
+    number_from_env("GATEWAY_RECONCILE_BATCH", &mut rec.batch)?;
 
     let database_url = env("DATABASE_URL", "host=localhost user=gateway dbname=app");
     let mut listen: tokio_postgres::Config = database_url.parse()?;
@@ -129,7 +142,9 @@ async fn main() -> Result<(), BoxError> {
         &config.database,
     )?;
     let grace = config.worker.grace;
-    let gateway = Gateway::new(pool, config, fake_provider);
+    // The stand-in provider remembers its calls by attempt id: the reconciler asks it.
+    let provider = FakeProvider::new();
+    let gateway = Gateway::new(pool, config, provider.clone());
 
     // The signal stops the server and the worker together.
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -155,7 +170,11 @@ async fn main() -> Result<(), BoxError> {
     eprintln!("pg_intent_gateway: listening on {}", listener.local_addr()?);
     let worker = (env("GATEWAY_WORKER", "true") == "true")
         .then(|| gateway.spawn_worker_until(until_stopped(stopped.clone())));
+    let reconciler = gateway.spawn_reconciler_until(provider, until_stopped(stopped.clone()));
     gateway.serve(listener, until_stopped(stopped)).await?;
+    if let Some(reconciler) = reconciler {
+        reconciler.await?;
+    }
     if let Some(worker) = worker {
         // The worker's own shutdown: running attempts get the grace period, the rest are
         // marked unknown ("worker shut down"). The process exits only after that.

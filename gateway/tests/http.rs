@@ -10,7 +10,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::{TestDb, eventually, gateway_db};
-use pg_intent_gateway::{Config, Gateway, Outcome, Provider, Task, WorkerConfig, fake_provider};
+use pg_intent_gateway::{
+    Config, FakeProvider, Gateway, Outcome, Provider, ReconcilerConfig, Task, WorkerConfig,
+    fake_provider,
+};
 use reqwest::header::HeaderValue;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -21,6 +24,7 @@ const BOB: &str = "bob-token";
 /// A gateway serving one fresh database on 127.0.0.1, with or without its worker.
 struct Gw {
     base: String,
+    gateway: Gateway,
     db: TestDb,
     http: reqwest::Client,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -75,6 +79,7 @@ async fn start(mut config: Config, provider: impl Provider, worker: bool) -> Gw 
     }
     Gw {
         base,
+        gateway,
         db,
         http: reqwest::Client::new(),
         tasks,
@@ -632,6 +637,61 @@ async fn an_unknown_outcome_is_409_until_reconciled() {
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.header("idempotent-replayed"), Some("true"));
     assert_eq!(r.body["result"]["attempt_no"], 2);
+}
+
+/// The gateway's reconciler on a schedule: the worker gives up on a slow provider (the attempt
+/// becomes unknown, the client gets `409 outcome-unknown`), the provider finishes anyway, and
+/// the reconciler asks it and completes the attempt: the client's retry gets the first
+/// attempt's result, and no second attempt ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconciler_completes_an_attempt_the_provider_finished_after_the_timeout() {
+    let mut cfg = config();
+    cfg.worker.timeout = Duration::from_millis(300);
+    cfg.reconciler = ReconcilerConfig {
+        every: Duration::from_millis(100),
+        name: "gw-reconciler".into(),
+        ..ReconcilerConfig::default()
+    };
+    let provider = FakeProvider::new();
+    let mut gw = start(cfg, provider.clone(), true).await;
+    let body = json!({"prompt": "a slow cat", "work_ms": 1500});
+    let r = gw.post(ALICE, "slow-cat", &body).await;
+    assert_eq!(r.status, 201);
+    let job = r.job_id();
+    gw.wait_for(job, "unknown").await;
+    let r = gw.post(ALICE, "slow-cat", &body).await;
+    assert_eq!(r.problem(), "/problems/outcome-unknown");
+
+    let reconciler = gw
+        .gateway
+        .spawn_reconciler_until(provider, std::future::pending())
+        .expect("the reconciler is on");
+    gw.tasks.push(reconciler);
+    gw.wait_for(job, "succeeded").await;
+    let r = gw.post(ALICE, "slow-cat", &body).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body["result"]["attempt_no"], 1, "{r:?}");
+    let sql = gw.sql().await;
+    let attempts: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM intent.attempts WHERE job_id = $1",
+            &[&job],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(attempts, 1);
+
+    // Off, it does not start.
+    let mut off = config();
+    off.reconciler.enabled = false;
+    let quiet = start(off, no_provider, false).await;
+    assert!(
+        quiet
+            .gateway
+            .spawn_reconciler_until(FakeProvider::new(), std::future::pending())
+            .is_none()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
