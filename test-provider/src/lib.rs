@@ -53,6 +53,8 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod tokenizer;
+
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::fmt;
@@ -230,6 +232,9 @@ struct State {
     forgotten: Mutex<HashSet<String>>,
     lookups: Mutex<Vec<String>>,
     served: AtomicU64,
+    /// The tokenizer endpoints' tokenizer (trained at the first request unless set).
+    tokenizer: Mutex<Option<Arc<tokenizer::ProviderTokenizer>>>,
+    flaws: Mutex<Vec<tokenizer::Flaw>>,
 }
 
 fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -271,6 +276,8 @@ impl TestProvider {
             forgotten: Mutex::new(HashSet::new()),
             lookups: Mutex::new(Vec::new()),
             served: AtomicU64::new(0),
+            tokenizer: Mutex::new(None),
+            flaws: Mutex::new(Vec::new()),
         });
         let task = tokio::spawn(accept(listener, state.clone()));
         Ok(TestProvider { addr, state, task })
@@ -294,6 +301,22 @@ impl TestProvider {
             .mode
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Makes its tokenizer endpoints ([`tokenizer`]) answer with `flaws` from now on (none:
+    /// well-behaved).
+    pub fn set_flaws(&self, flaws: &[tokenizer::Flaw]) {
+        *locked(&self.state.flaws) = flaws.to_vec();
+    }
+
+    /// The flaws its tokenizer endpoints have.
+    pub fn flaws(&self) -> Vec<tokenizer::Flaw> {
+        locked(&self.state.flaws).clone()
+    }
+
+    /// Uses `tokenizer` for its tokenizer endpoints (default: [`tokenizer::tiny_tokenizer`]'s).
+    pub fn set_tokenizer(&self, tokenizer: tokenizer::ProviderTokenizer) {
+        *locked(&self.state.tokenizer) = Some(Arc::new(tokenizer));
     }
 
     /// Changes the mode for the next requests: a provider that drifts after certification.
@@ -455,6 +478,67 @@ fn error_body(message: &str, kind: &str) -> Value {
 }
 
 /// `GET /v1/requests/{key}`: what became of the request kept under `key`.
+/// The tokenizer endpoints ([`tokenizer::answer`]): `GET /props`, `POST` the others.
+async fn tokenizer_route(
+    state: &State,
+    path: &str,
+    method: Method,
+    body: Incoming,
+) -> Response<Reply> {
+    let wanted = if path == "/props" {
+        Method::GET
+    } else {
+        Method::POST
+    };
+    if method != wanted {
+        return respond(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &error_body(&format!("use {wanted}"), "invalid_request_error"),
+        );
+    }
+    let body = if wanted == Method::POST {
+        let bytes = match Limited::new(body, MAX_BODY).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(e) => {
+                return respond(
+                    StatusCode::BAD_REQUEST,
+                    &error_body(
+                        &format!("could not read the body: {e}"),
+                        "invalid_request_error",
+                    ),
+                );
+            }
+        };
+        match serde_json::from_slice::<Value>(&bytes) {
+            Ok(v) => v,
+            Err(e) => {
+                return respond(
+                    StatusCode::BAD_REQUEST,
+                    &error_body(
+                        &format!("the body is not JSON: {e}"),
+                        "invalid_request_error",
+                    ),
+                );
+            }
+        }
+    } else {
+        Value::Null
+    };
+    let tokenizer = {
+        let mut slot = locked(&state.tokenizer);
+        slot.get_or_insert_with(|| Arc::new(tokenizer::ProviderTokenizer::default()))
+            .clone()
+    };
+    let flaws = locked(&state.flaws).clone();
+    match tokenizer::answer(&tokenizer, path, &body, &flaws) {
+        Ok(answer) => respond(StatusCode::OK, &answer),
+        Err(message) => respond(
+            StatusCode::BAD_REQUEST,
+            &error_body(&message, "invalid_request_error"),
+        ),
+    }
+}
+
 async fn lookup(state: &State, key: &str) -> Response<Reply> {
     locked(&state.lookups).push(key.to_string());
     let delay = *locked(&state.lookup_delay);
@@ -543,6 +627,12 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Re
             ));
         }
         return Ok(lookup(&state, key).await);
+    }
+    if matches!(
+        path,
+        "/tokenize" | "/detokenize" | "/apply-template" | "/props"
+    ) {
+        return Ok(tokenizer_route(&state, path, parts.method, body).await);
     }
     if path != "/v1/chat/completions" {
         let message = format!("no route for {}", parts.uri.path());
