@@ -177,16 +177,30 @@ use crate::exec::Executor;
 use crate::worker::WorkError;
 
 mod history;
+#[cfg(feature = "local-tokenizer")]
+mod local;
 #[cfg(feature = "openai")]
 mod openai;
 mod redact;
+mod render;
+#[cfg(feature = "openai")]
+mod server_tokenizer;
 
 pub use history::RunHistory;
+#[cfg(feature = "local-tokenizer")]
+pub use local::LocalTokenizer;
 #[cfg(feature = "openai")]
 pub use openai::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RESPONSE_BYTES, OpenAiCompatible, RequestLookup,
 };
 pub use redact::redact_url;
+pub use render::{
+    Chat, Check as RenderCheck, DEFAULT_ANSWER_TOKENS, DEFAULT_CONTROL_TOKENS, RenderChecks,
+    RenderError, Rendering, Tokenizer, TokenizerFuture, WORD_JOINER, neutralise_control_tokens,
+    neutralise_with,
+};
+#[cfg(feature = "openai")]
+pub use server_tokenizer::{ServerTokenizer, TOKENIZER_TIMEOUT, TokenizerApi};
 
 /// How many characters of a text (a raw answer, a prompt) the evidence keeps.
 pub const EVIDENCE_TEXT_CHARS: usize = 2000;
@@ -688,6 +702,9 @@ pub struct RunOptions {
     pub valid_for: Duration,
     /// Where every run is recorded (default: nowhere; see [`RunHistory`]).
     pub history: Option<RunHistory>,
+    /// What the model receives, checked through the provider's tokenizer before any call
+    /// (default: not checked; see [`RenderChecks`]). A failed check refuses the certification.
+    pub rendering: Option<RenderChecks>,
 }
 
 impl Default for RunOptions {
@@ -700,6 +717,7 @@ impl Default for RunOptions {
             call_timeout: Duration::from_secs(60),
             valid_for: Duration::from_secs(30 * 86_400),
             history: None,
+            rendering: None,
         }
     }
 }
@@ -745,6 +763,14 @@ impl RunOptions {
     /// evidence.
     pub fn history(mut self, history: RunHistory) -> Self {
         self.history = Some(history);
+        self
+    }
+
+    /// Checks what the model receives through `checks`' tokenizer, for every case, before
+    /// the provider is called ([`RenderChecks`]); a failed check fails the case and refuses the
+    /// certification, and every check is recorded in the evidence.
+    pub fn rendering(mut self, checks: RenderChecks) -> Self {
+        self.rendering = Some(checks);
         self
     }
 
@@ -932,14 +958,20 @@ pub struct CaseReport {
     pub prompt: Prompt,
     /// Whether the case asserts on its output ([`ContractSuite::case_with`]).
     pub checked: bool,
+    /// The rendering checks ([`RunOptions::rendering`]), if made. When one failed, the
+    /// provider was not called for the case (`runs` is empty).
+    pub rendering: Option<Rendering>,
     /// Each run, in order.
     pub runs: Vec<RunReport>,
 }
 
 impl CaseReport {
-    /// Whether every run passed (and there was at least one).
+    /// Whether every run passed (and there was at least one), and the rendering checks, if
+    /// made, did.
     pub fn passed(&self) -> bool {
-        !self.runs.is_empty() && self.runs.iter().all(RunReport::passed)
+        self.rendering.as_ref().is_none_or(Rendering::passed)
+            && !self.runs.is_empty()
+            && self.runs.iter().all(RunReport::passed)
     }
 
     /// The first failure, if any.
@@ -1113,13 +1145,35 @@ pub async fn run<P: Provider>(
     }
     let run_id = Uuid::new_v4();
     let started_at = now();
+    // The tokenizer's control tokens, asked once; a tokenizer that cannot answer fails every
+    // case's rendering (nothing is certified that was not checked).
+    let control = match &options.rendering {
+        Some(checks) => Some(checks.control_ids().await),
+        None => None,
+    };
     let mut cases = Vec::with_capacity(suite.cases.len());
     for (index, case) in suite.cases.iter().enumerate() {
         let check = suite.checks.get(index).and_then(Option::as_deref);
         let prompt = suite.render(&case.input);
+        let rendering = match (&options.rendering, &control) {
+            (Some(checks), Some(Ok(control))) => Some(
+                checks
+                    .check(suite, &case.input, &prompt, options.max_tokens, control)
+                    .await,
+            ),
+            (Some(_), Some(Err(e))) => Some(Rendering::unavailable(e)),
+            _ => None,
+        };
         let request = Request::new(&prompt, options);
-        let mut runs = Vec::with_capacity(options.runs_per_case as usize);
-        for _ in 0..options.runs_per_case {
+        // What the model would receive is wrong: the answers cannot certify it, so none is
+        // paid for.
+        let runs_wanted = if rendering.as_ref().is_some_and(|r| !r.passed()) {
+            0
+        } else {
+            options.runs_per_case
+        };
+        let mut runs = Vec::with_capacity(runs_wanted as usize);
+        for _ in 0..runs_wanted {
             runs.push(
                 run_once(
                     db,
@@ -1138,6 +1192,7 @@ pub async fn run<P: Provider>(
             input: case.input.clone(),
             prompt,
             checked: check.is_some(),
+            rendering,
             runs,
         });
     }
@@ -1150,9 +1205,13 @@ pub async fn run<P: Provider>(
         Some("runs_per_case is 0: nothing was shown".to_string())
     } else if failed > 0 {
         let first = cases.iter().find(|c| !c.passed()).expect("a failed case");
-        let why = first
-            .first_failure()
-            .map_or_else(String::new, |f| format!(": {f}"));
+        let rendering = first.rendering.as_ref().and_then(Rendering::first_failure);
+        let why = match rendering {
+            Some(check) => format!(": rendering check {} failed: {}", check.name, check.detail),
+            None => first
+                .first_failure()
+                .map_or_else(String::new, |f| format!(": {f}")),
+        };
         Some(format!(
             "{failed} of {} cases failed (first: {}{why})",
             cases.len(),
@@ -1181,7 +1240,7 @@ pub async fn run<P: Provider>(
             "passed": passed,
             "certified": false,
             "verdict": "",
-            "evidence": evidence(&meta, provider, suite, options, &cases, history),
+            "evidence": evidence(&meta, provider, suite, options, &cases, control.as_ref(), history),
         })
     };
     // A file history is locked from the read of its runs to the append of this run's record
@@ -1544,9 +1603,20 @@ fn evidence<P: Provider>(
     suite: &ContractSuite,
     options: &RunOptions,
     cases: &[CaseReport],
+    control: Option<&Result<render::ControlTokens, RenderError>>,
     history: Option<Value>,
 ) -> Value {
     let system = cases.first().map(|c| c.prompt.system.as_str());
+    // What was checked, through which tokenizer (`null`: rendering was not checked).
+    let rendering = options.rendering.as_ref().map(|checks| {
+        let mut described = checks.describe(options.max_tokens);
+        described["control"] = match control {
+            Some(Ok(control)) => control.evidence(),
+            Some(Err(e)) => json!({"error": cut(&e.to_string())}),
+            None => Value::Null,
+        };
+        described
+    });
     let runs: usize = cases.iter().map(|c| c.runs.len()).sum();
     let runs_passed: usize = cases
         .iter()
@@ -1583,6 +1653,9 @@ fn evidence<P: Provider>(
             if Some(c.prompt.system.as_str()) != system {
                 case["system_prompt"] = json!(cut(&c.prompt.system));
             }
+            if let Some(rendering) = &c.rendering {
+                case["rendering"] = rendering.evidence();
+            }
             case
         })
         .collect();
@@ -1610,6 +1683,7 @@ fn evidence<P: Provider>(
             "runs_passed": runs_passed,
         },
         "cases": cases_json,
+        "rendering": rendering,
         "history": history,
     })
 }

@@ -168,6 +168,28 @@ impl OpenAiCompatible {
         &self.model
     }
 
+    /// The base URL the chat endpoint was derived from (credentials and query kept), for the
+    /// provider's [`super::ServerTokenizer`].
+    pub(super) fn url_for_tokenizer(&self) -> String {
+        let (path, query) = match self.url.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (self.url.as_str(), None),
+        };
+        let root = path.strip_suffix("/chat/completions").unwrap_or(path);
+        match query {
+            Some(q) => format!("{root}?{q}"),
+            None => root.to_string(),
+        }
+    }
+
+    pub(super) fn http_client(&self) -> reqwest::Client {
+        self.http.clone()
+    }
+
+    pub(super) fn api_key_for_tokenizer(&self) -> Option<String> {
+        self.api_key.clone()
+    }
+
     /// The request body for `request`.
     fn body(&self, request: &Request) -> Value {
         let mut body = json!({
