@@ -709,3 +709,68 @@ async fn a_bad_gateway_is_completed_and_a_refusal_failed() {
         "{error}"
     );
 }
+
+/// The provider answers "done" for a request whose output breaks the job's contract (it adds a
+/// key the schema does not have): the reconciler completes the attempt with it, and the
+/// database rejects it like any result — it cannot win, and the job does not succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_done_answer_that_breaks_the_contract_cannot_win() {
+    let s = Setup::new().await;
+    s.db.batch_execute(captions::CHECKER_SQL).await.unwrap();
+    intent::define_contract(
+        &s.db,
+        captions::CONTRACT,
+        &captions::schema(),
+        Some(captions::CHECKER),
+    )
+    .await
+    .unwrap();
+    let input = captions::input("a red fox in the snow");
+    let job: Submitted<Value> = intent::submit_job(
+        &s.db,
+        &NewJob::new("alice", "fox-contract", PROVIDER, &input)
+            .contract(captions::CONTRACT)
+            .max_attempts(3),
+    )
+    .await
+    .unwrap();
+    s.server.set_mode(Mode::HallucinatedKey);
+    s.server.set_delay(Duration::from_secs(2));
+    let worker = Worker::new(&s.db, Duration::from_millis(500)).name("w-1");
+    let gpu_a = s.gpu_a.clone();
+    let run = worker
+        .run(job.job_id, None, |attempt| {
+            let gpu_a = gpu_a.clone();
+            let input = input.clone();
+            async move {
+                suite()
+                    .work_for(&gpu_a, attempt.id(), &input, &options())
+                    .await
+            }
+        })
+        .await
+        .unwrap();
+    let Run::Unknown { attempt, .. } = run else {
+        panic!("{run:?}")
+    };
+    s.provider_reaches(attempt.id(), "succeeded").await;
+    let mut op = s.operator().await;
+    let pass = s.reconciler("rec-1").run_once(&mut op).await.unwrap();
+    assert_eq!(
+        decision_of(&pass, attempt.id()),
+        Decision::Completed(Completion::Rejected),
+        "{pass:?}"
+    );
+    let a = s.attempt(attempt.id()).await;
+    assert_eq!(a.state, AttemptState::Failed, "{a:?}");
+    let j = intent::get_job(&s.db, job.job_id).await.unwrap().unwrap();
+    assert_ne!(j.state, JobState::Succeeded);
+    assert_eq!(j.result, None);
+    let kinds: Vec<String> = s
+        .events(job.job_id)
+        .await
+        .into_iter()
+        .map(|e| e.0)
+        .collect();
+    assert!(kinds.iter().any(|k| k == "contract_violation"), "{kinds:?}");
+}

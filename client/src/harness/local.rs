@@ -233,3 +233,55 @@ impl Tokenizer for LocalTokenizer {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tiny `tokenizer.json`: a word-level vocabulary, enough to load.
+    fn tokenizer_json() -> String {
+        json!({
+            "version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [{"id": 0, "content": "<|im_end|>", "single_word": false, "lstrip": false,
+                              "rstrip": false, "normalized": false, "special": true}],
+            "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+            "decoder": null,
+            "model": {"type": "WordLevel", "vocab": {"<|im_end|>": 0, "hi": 1, "[UNK]": 2}, "unk_token": "[UNK]"}
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn a_template_that_would_run_for_ever_is_stopped_by_its_fuel() {
+        let endless = "{% for i in range(100000) %}{% for j in range(100000) %}{{ j }}{% endfor %}{% endfor %}";
+        let t = LocalTokenizer::new(&tokenizer_json(), endless).unwrap();
+        let started = std::time::Instant::now();
+        let err = t.render(&Prompt::default()).unwrap_err();
+        assert!(err.0.contains("fuel"), "{err}");
+        // Stopped after its fuel, not after 10^10 iterations.
+        assert!(started.elapsed() < std::time::Duration::from_secs(60));
+        assert!(LocalTokenizer::new(&tokenizer_json(), "{% for %}").is_err());
+        assert!(LocalTokenizer::new("not json", "x").is_err());
+        assert_eq!(t.control_tokens(), vec!["<|im_end|>".to_string()]);
+    }
+
+    #[test]
+    fn configs_give_their_template_tokens_and_window() {
+        let config = json!({
+            "chat_template": [{"name": "tool_use", "template": "x"}, {"name": "default", "template": "{{ bos_token }}{{ messages[0]['content'] }}"}],
+            "bos_token": {"content": "<s>"}, "eos_token": "</s>", "model_max_length": 1e30,
+        });
+        let t = LocalTokenizer::from_config(&tokenizer_json(), &config.to_string()).unwrap();
+        let prompt = Prompt {
+            system: "hi".into(),
+            user: String::new(),
+        };
+        assert_eq!(t.render(&prompt).unwrap(), "<s>hi");
+        assert_eq!(
+            t.describe()["context_window"],
+            Value::Null,
+            "1e30 is no window"
+        );
+        assert!(LocalTokenizer::from_config(&tokenizer_json(), "{}").is_err());
+    }
+}
