@@ -25,3 +25,13 @@ SELECT provider, contract, justify_interval(date_trunc('second', expires_in)) AS
 \echo 'intent.attempts of bob''s job'
 SELECT attempt_no, provider, state, worker, result, error FROM intent.attempts
  WHERE job_id = intent.job_id('bob', 'caption-1') ORDER BY attempt_no;
+\echo 'What the harness saw through each tokenizer: gpu-b''s rendering checks, first case'
+SELECT check_->>'check' AS "check", check_->'passed' AS passed, check_->>'detail' AS detail
+  FROM intent.certifications,
+       jsonb_array_elements(evidence->'cases'->0->'rendering'->'checks') AS check_
+ WHERE provider = 'gpu-b';
+\echo 'intent.attempts and intent.events of carol''s job (the unknown attempt, settled by the reconciler)'
+SELECT attempt_no, provider, state, worker, result->>'caption' AS caption, error FROM intent.attempts
+ WHERE job_id = intent.job_id('carol', 'caption-2') ORDER BY attempt_no;
+SELECT kind, detail FROM intent.events
+ WHERE job_id = intent.job_id('carol', 'caption-2') ORDER BY id;

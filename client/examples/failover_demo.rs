@@ -8,19 +8,25 @@
 //! PGHOST=/tmp/… PGPORT=5433 PGUSER=postgres cargo run -q -p pg_intent_client --example failover_demo
 //! ```
 //!
-//! It starts three OpenAI-compatible test providers on loopback (`pg_intent_test_provider`):
+//! It starts four OpenAI-compatible test providers on loopback (`pg_intent_test_provider`):
 //! gpu-a is overloaded (HTTP 503), gpu-b is well-behaved, gpu-c adds a key the contract does not
-//! have. Every answer below comes from PostgreSQL or over HTTP from those providers.
+//! have, gpu-d answers well but its chat template has no system role (its `/tokenize` shows
+//! it). Then a job whose call outlives the worker's timeout is left `unknown` and a
+//! `Reconciler` settles it by asking gpu-b what became of the request. Every answer below
+//! comes from PostgreSQL or over HTTP from those providers.
 
 use std::time::Duration;
 
 use pg_intent_client::harness::{
-    self, ContractSuite, OpenAiCompatible, Prompt, Provider, RunOptions,
+    self, ContractSuite, OpenAiCompatible, Prompt, Provider, RenderChecks, RequestLookup,
+    RunOptions, TokenizerApi,
 };
+use pg_intent_client::reconciler::Reconciler;
 use pg_intent_client::{
     self as intent, Attempt, BeginOptions, Connection, Error, Failover, NewJob, Run, Submitted,
     WorkError, Worker,
 };
+use pg_intent_test_provider::tokenizer::Flaw;
 use pg_intent_test_provider::{Mode, TestProvider, captions};
 use serde_json::Value;
 
@@ -119,15 +125,39 @@ async fn caption(
 }
 
 async fn certify(db: &Connection, provider: &OpenAiCompatible) -> Result<(), Failed> {
-    let options = options();
+    // What the model receives is checked first, through the provider's own tokenizer
+    // (vLLM-style /tokenize and /detokenize); answers are paid for only if it is right.
+    let options = options()
+        .max_tokens(256)
+        .rendering(RenderChecks::new(provider.tokenizer(TokenizerApi::Vllm)));
     say(&format!(
-        "{} cases × {} runs at temperature {}, each output checked by intent.validate_result():",
+        "first the prompts through {}'s own tokenizer, then {} cases × {} runs at temperature {}, \
+         each output checked by intent.validate_result():",
+        provider.name(),
         captions::SUBJECTS.len(),
         options.runs_per_case,
         options.temperature
     ));
     let report = harness::run(db, provider, &suite(), &options).await?;
+    if let Some(rendering) = report.cases.first().and_then(|c| c.rendering.as_ref()) {
+        let checks: Vec<String> = rendering
+            .checks
+            .iter()
+            .map(|c| format!("{} {}", c.name, if c.passed { "ok" } else { "FAILED" }))
+            .collect();
+        say(&format!(
+            "  rendering ({} tokens): {}",
+            rendering.tokens.unwrap_or(0),
+            checks.join(", ")
+        ));
+        if let Some(failed) = rendering.first_failure() {
+            say(&format!("  {}: {}", failed.name, failed.detail));
+        }
+    }
     for case in &report.cases {
+        if case.runs.is_empty() {
+            continue;
+        }
         let marks: Vec<&str> = case
             .runs
             .iter()
@@ -145,6 +175,11 @@ async fn certify(db: &Connection, provider: &OpenAiCompatible) -> Result<(), Fai
     }
     if report.certified() {
         say(&format!("→ {} {}", provider.name(), report.verdict));
+    } else if report.cases.iter().all(|c| c.runs.is_empty()) {
+        say(&format!(
+            "→ {} refused before any answer was paid for; nothing was recorded",
+            provider.name()
+        ));
     } else {
         say(&format!(
             "→ {} refused: {} of {} cases failed; nothing was recorded",
@@ -183,13 +218,16 @@ async fn main() -> Result<(), Failed> {
         captions::CONTRACT
     ));
 
-    step("14. Three providers speak the OpenAI chat-completions API on loopback.");
+    step("14. Four providers speak the OpenAI chat-completions API on loopback.");
     let a = TestProvider::start(Mode::ServerError).await?;
     let b = TestProvider::start(Mode::WellBehaved).await?;
     let c = TestProvider::start(Mode::HallucinatedKey).await?;
+    let d = TestProvider::start(Mode::WellBehaved).await?;
+    d.set_flaws(&[Flaw::DropsSystem]);
     let gpu_a = OpenAiCompatible::new("gpu-a", &a.base_url(), "captioner-1");
     let gpu_b = OpenAiCompatible::new("gpu-b", &b.base_url(), "captioner-2");
     let gpu_c = OpenAiCompatible::new("gpu-c", &c.base_url(), "captioner-3");
+    let gpu_d = OpenAiCompatible::new("gpu-d", &d.base_url(), "captioner-4");
     say(&format!(
         "gpu-a  {}  overloaded: answers 503 with Retry-After",
         gpu_a.endpoint()
@@ -198,6 +236,10 @@ async fn main() -> Result<(), Failed> {
     say(&format!(
         "gpu-c  {}  adds a top-level key of its own",
         gpu_c.endpoint()
+    ));
+    say(&format!(
+        "gpu-d  {}  answers well, but its chat template has no system role",
+        gpu_d.endpoint()
     ));
     let by_name = |name: &str| match name {
         "gpu-a" => gpu_a.clone(),
@@ -245,10 +287,17 @@ async fn main() -> Result<(), Failed> {
     step("17. The contract-test harness tries gpu-c; the database judges every answer.");
     certify(&db, &gpu_c).await?;
 
-    step("18. The harness tries gpu-b: every run passes, so the evidence is recorded.");
+    step("18. The harness tries gpu-d: the model would never see the instructions.");
+    certify(&db, &gpu_d).await?;
+    say(&format!(
+        "  (gpu-d received {} chat calls)",
+        d.requests().len()
+    ));
+
+    step("19. The harness tries gpu-b: every check and run passes, so the evidence is recorded.");
     certify(&db, &gpu_b).await?;
 
-    step("19. The same failover is now allowed; gpu-b's answer is checked against the contract.");
+    step("20. The same failover is now allowed; gpu-b's answer is checked against the contract.");
     match worker.run_failover(job, &["gpu-b"], work).await? {
         Failover::Completed {
             attempt,
@@ -265,6 +314,71 @@ async fn main() -> Result<(), Failed> {
     say(&format!(
         "the job is {}, version {}",
         job_row.state, job_row.version
+    ));
+
+    step("21. Carol's caption on gpu-b: the model takes 3 s, the worker gives up after 1 s.");
+    let input = captions::input("a bowl of ramen");
+    let carol: Submitted<Value> = intent::submit_job(
+        &db,
+        &NewJob::new("carol", "caption-2", "gpu-b", &input).contract(captions::CONTRACT),
+    )
+    .await?;
+    b.set_delay(Duration::from_secs(3));
+    let impatient = Worker::new(&db, Duration::from_secs(1)).name("demo-worker");
+    let work = |attempt: Attempt| {
+        let provider = gpu_b.clone();
+        let input = input.clone();
+        async move { caption(&provider, &attempt, &input).await }
+    };
+    let unknown = match impatient.run(carol.job_id, None, work).await? {
+        Run::Unknown { attempt, .. } => {
+            say(&format!(
+                "attempt {} on gpu-b: unknown (a timeout is never a failure); its id was the \
+                 request's Idempotency-Key",
+                attempt.attempt_no(),
+            ));
+            attempt.id()
+        }
+        other => return Err(format!("unexpected: {other:?}").into()),
+    };
+    match intent::begin_attempt(&db, carol.job_id, BeginOptions::new().provider("gpu-b")).await {
+        Err(e) => print_refusal(&e),
+        Ok(a) => say(&format!("unexpected: attempt {} began", a.attempt_no())),
+    }
+
+    step("22. A Reconciler asks gpu-b what became of the request, and settles the attempt.");
+    // The provider finishes the request it kept under the attempt id.
+    while b
+        .request_status(&unknown.to_string())
+        .is_none_or(|s| s == "running")
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut operator = connect().await?;
+    let reconciler = Reconciler::new(RequestLookup::new(&suite()).provider(gpu_b.clone()))
+        .name("demo-reconciler");
+    let pass = reconciler.run_once(&mut operator).await?;
+    for r in &pass.reconciled {
+        say(&format!(
+            "attempt {} on {}: the provider says {} → {}",
+            r.attempt_id, r.provider, r.evidence["provider_says"], r.decision
+        ));
+    }
+    let carol_job = intent::get_job(&db, carol.job_id)
+        .await?
+        .expect("the job exists");
+    say(&format!(
+        "carol's job is {}: {}",
+        carol_job.state,
+        carol_job.result.unwrap_or_default()
+    ));
+    say(&format!(
+        "gpu-b did the work {} time(s) for it; the reconciler asked {} time(s)",
+        b.requests()
+            .iter()
+            .filter(|r| r.idempotency_key == Some(unknown.to_string()) && !r.replayed)
+            .count(),
+        b.lookups().len()
     ));
     Ok(())
 }
