@@ -101,10 +101,10 @@ bash "$ROOT/scripts/check_releases.sh" self-test
 log "cargo fmt --check"
 cargo fmt --all -- --check
 log "cargo clippy --all-targets -D warnings"
-cargo clippy --workspace --all-targets -q -- -D warnings
+cargo clippy --workspace --all-targets --features pg_intent_client/local-tokenizer -q -- -D warnings
 
 log "unit tests, and the client's and test provider's tests (real clusters of their own)"
-cargo test -q -p pg_intent_protocol -p pg_intent_client -p pg_intent_test_provider
+cargo test -q -p pg_intent_protocol -p pg_intent_client -p pg_intent_test_provider --features pg_intent_client/local-tokenizer
 
 start_cluster
 bash "$ROOT/scripts/regress.sh"
