@@ -101,6 +101,13 @@ AS 'MODULE_PATHNAME', 'intent_abandon_attempt';
 COMMENT ON FUNCTION intent.abandon_attempt(uuid, text) IS
     'The out-of-band decision: stop waiting for a started or unknown attempt. The job returns to pending; if the attempt returns later, the compare-and-swap decides. No effect on an attempt that already has an outcome.';
 
+CREATE FUNCTION intent.record_reconciliation(attempt_id uuid, decision text, evidence jsonb)
+RETURNS bigint
+LANGUAGE c VOLATILE SECURITY DEFINER
+AS 'MODULE_PATHNAME', 'intent_record_reconciliation';
+COMMENT ON FUNCTION intent.record_reconciliation(uuid, text, jsonb) IS
+    'Records how an attempt whose outcome was unknown was decided (completed, failed or abandoned) and on what evidence (what the provider said), as a reconciled event; call it after the decision''s own call, in the same transaction. Returns the event id; an attempt has at most one reconciliation, and recording it again returns the first. Refuses (22023) a decision the attempt''s state does not show, and an attempt still open.';
+
 CREATE FUNCTION intent.cancel_job(job_id uuid, reason text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE c VOLATILE SECURITY DEFINER

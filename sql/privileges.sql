@@ -9,7 +9,8 @@
 --      intent_app       submit and run attempts: submit_job, submit_jobs, begin/complete/fail/
 --                       mark_unknown, heartbeat, cancel_job, validate_result, bound_owner, the
 --                       id derivations
---      intent_operator  intent_app, plus abandon_attempt, sweep, purge and reading the tables
+--      intent_operator  intent_app, plus abandon_attempt, record_reconciliation, sweep, purge
+--                       and reading the tables
 --      intent_admin     intent_operator, plus contracts and certifications
 -- Roles are cluster-wide: they are created once and kept when the extension is dropped.
 
@@ -96,6 +97,7 @@ GRANT EXECUTE ON FUNCTION
 
 GRANT EXECUTE ON FUNCTION
     intent.abandon_attempt(uuid, text),
+    intent.record_reconciliation(uuid, text, jsonb),
     intent.sweep(),
     intent.purge(interval, integer)
   TO intent_operator;

@@ -58,10 +58,11 @@ CREATE DOMAIN intent.event_kind AS text
         'cancelled',           -- cancel_job: the owner withdrew the intent
         'late_result',         -- a result lost the compare-and-swap (or came after a definite failure)
         'late_failure',        -- a failure arrived after the job's outcome was decided
-        'contract_violation'   -- a result broke the job's contract and was rejected
+        'contract_violation',  -- a result broke the job's contract and was rejected
+        'reconciled'           -- record_reconciliation: how an unknown attempt was decided, and on what evidence
     ));
 COMMENT ON DOMAIN intent.event_kind IS
-    'What an event records: timeout, abandoned, cancelled, late_result, late_failure or contract_violation.';
+    'What an event records: timeout, abandoned, cancelled, late_result, late_failure, contract_violation or reconciled.';
 
 COMMENT ON CONSTRAINT short_name_length ON DOMAIN intent.short_name IS '1 to 255 characters (char_length).';
 COMMENT ON CONSTRAINT attempt_number_range ON DOMAIN intent.attempt_number IS 'Fits in the last two bytes of an attempt id.';

@@ -1,11 +1,15 @@
-//! Out-of-band decisions: `abandon_attempt` (an operator stops waiting for an attempt) and
-//! `cancel_job` (the owner withdraws the intent).
+//! Out-of-band decisions: `abandon_attempt` (an operator stops waiting for an attempt),
+//! `cancel_job` (the owner withdraws the intent), and `record_reconciliation` (a reconciler
+//! records how it decided an attempt whose outcome was unknown, and on what evidence).
 
 use crate::entry::{arg, value, void};
 use crate::input;
 use crate::job;
+use crate::jsonb::Jsonb;
 use crate::plans::{self, Name, Statement};
 use crate::refusal::Answer;
+use crate::refusal::Refusal;
+use crate::state::AttemptState;
 use crate::state::{open_attempt_states_sql, open_job_states_sql};
 use pgrx::Uuid;
 use pgrx::pg_sys;
@@ -118,6 +122,110 @@ fn abandon(attempt_id: Option<Uuid>, reason: Option<&str>) -> Answer<()> {
             );
         }
         Ok(())
+    })
+}
+
+/// The reconciliation already recorded for an attempt, if any (one per attempt).
+static FIND_RECONCILED: Statement = Statement {
+    name: Name::FindReconciled,
+    sql: "SELECT id FROM intent.events
+           WHERE job_id = $1 AND attempt_id = $2 AND kind = 'reconciled'
+           ORDER BY id LIMIT 1",
+    args: &[pg_sys::UUIDOID, pg_sys::UUIDOID],
+};
+
+/// A reconciliation, with the state the decision left the attempt in.
+static RECORD_RECONCILED: Statement = Statement {
+    name: Name::RecordReconciled,
+    sql: "INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
+          SELECT a.job_id, a.owner_id, a.id, 'reconciled',
+                 jsonb_build_object('decision', $2::text, 'attempt_state', a.state::text,
+                                    'evidence', $3::jsonb, 'recorded_by', session_user::text)
+            FROM intent.attempts a
+           WHERE a.id = $1
+          RETURNING id",
+    args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::JSONBOID],
+};
+
+/// The decisions a reconciliation may record, each with the attempt states it can have left.
+/// `completed` covers every answer of `complete_attempt`: won (succeeded), lost (discarded)
+/// and rejected by the contract (failed).
+const RECONCILED: &[(&str, &[AttemptState])] = &[
+    (
+        "completed",
+        &[
+            AttemptState::Succeeded,
+            AttemptState::Discarded,
+            AttemptState::Failed,
+        ],
+    ),
+    ("failed", &[AttemptState::Failed]),
+    ("abandoned", &[AttemptState::Abandoned]),
+];
+
+crate::entry::sql_function!(
+    intent_record_reconciliation,
+    pg_finfo_intent_record_reconciliation,
+    record_reconciliation,
+    c"intent.record_reconciliation"
+);
+
+/// `intent.record_reconciliation(attempt_id, decision, evidence)` → bigint (the event id).
+fn record_reconciliation(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
+    let id = reconciled(arg(fcinfo, 0), arg(fcinfo, 1), arg(fcinfo, 2))?;
+    Ok(value(fcinfo, Some(id)))
+}
+
+fn reconciled(
+    attempt_id: Option<Uuid>,
+    decision: Option<&str>,
+    evidence: Option<Jsonb>,
+) -> Answer<i64> {
+    let attempt_id = input::required("attempt_id", attempt_id)?;
+    let decision = input::required("decision", decision)?;
+    let evidence = input::document("evidence", evidence)?;
+    let Some((decision, left)) = RECONCILED.iter().find(|(d, _)| *d == decision) else {
+        return Err(Refusal::bad_input(format!(
+            "decision must be completed, failed or abandoned, not {:?}",
+            decision.chars().take(100).collect::<String>()
+        ))
+        .hint("Record only what was decided; an attempt left as it was needs no record."));
+    };
+    Spi::connect_mut(|client| {
+        // The job's row lock orders this after the decision's own call, and the binding's
+        // policies hide another owner's attempt (IJ007).
+        let (job, attempt) = job::lock_for_attempt(client, attempt_id)?;
+        if let Some(row) = plans::first(plans::run(
+            client,
+            &FIND_RECONCILED,
+            &[job.id.into(), attempt_id.into()],
+        )) {
+            // Recorded already: a reconciliation is recorded once, and repeating it is safe.
+            return Ok(plans::must::<i64>(&row, 1));
+        }
+        let state = attempt.effective_state();
+        if !left.contains(&state) {
+            let message = if state.is_open() {
+                format!("attempt {attempt_id} is still {state}: decide it first, then record how")
+            } else {
+                format!(
+                    "attempt {attempt_id} is {state}: it was not {decision} by a reconciliation"
+                )
+            };
+            return Err(Refusal::bad_input(message)
+                .detail(format!(
+                    "Attempt {attempt_id} is {state}; recording {decision:?} needs it {}.",
+                    left.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                ))
+                .hint("Call complete_attempt, fail_attempt or abandon_attempt first, in the same transaction."));
+        }
+        let row = plans::first(plans::run(
+            client,
+            &RECORD_RECONCILED,
+            &[attempt_id.into(), (*decision).into(), evidence.into()],
+        ))
+        .expect("the locked attempt exists");
+        Ok(plans::must::<i64>(&row, 1))
     })
 }
 

@@ -44,6 +44,8 @@ pub enum Name {
     /// `Abandon` on the catalog of 0.2.0.
     Abandon0_2,
     Cancel,
+    FindReconciled,
+    RecordReconciled,
     // finish.rs
     Complete,
     LogResultAfterFailure,

@@ -169,6 +169,9 @@ label_enum!(
         LateFailure = "late_failure",
         /// A result broke the job's contract and was rejected.
         ContractViolation = "contract_violation",
+        /// `record_reconciliation` (0.4.0 on): how an attempt whose outcome was unknown was
+        /// decided, and on what evidence.
+        Reconciled = "reconciled",
     }
 );
 

@@ -155,3 +155,37 @@ SELECT intent.cancel_job(intent.job_id('gina', 'abandon'), repeat('r', 1001));
 \echo SQLSTATE :SQLSTATE
 SELECT * FROM t.unchanged();
 SELECT state FROM t.job(intent.job_id('gina', 'abandon'));
+
+-- 9. record_reconciliation: a reconciler records how it decided an unknown attempt, and on what
+--    evidence, after the decision's own call. One per attempt: asked again, it answers the
+--    first event and writes nothing.
+SELECT job_id FROM intent.submit_job('gina', 'reconciled', 'payments', '{}');
+SELECT attempt_no FROM intent.begin_attempt(intent.job_id('gina', 'reconciled'), NULL, '1 hour');
+SELECT intent.mark_unknown(intent.attempt_id(intent.job_id('gina', 'reconciled'), 1), 'caller timeout');
+-- Refusals, each writing nothing: the attempt is still unknown; a decision its state does not
+-- show; a decision that is not one; NULLs (22023); no such attempt (IJ007).
+SELECT * FROM t.snapshot();
+SELECT intent.record_reconciliation(intent.attempt_id(intent.job_id('gina', 'reconciled'), 1), 'completed', '{"provider_says": "done"}');
+\echo SQLSTATE :SQLSTATE
+SELECT intent.complete_attempt(intent.attempt_id(intent.job_id('gina', 'reconciled'), 1), 1, '{"charge": "ch_r"}');
+SELECT * FROM t.snapshot();
+SELECT intent.record_reconciliation(intent.attempt_id(intent.job_id('gina', 'reconciled'), 1), 'abandoned', '{}');
+\echo SQLSTATE :SQLSTATE
+SELECT intent.record_reconciliation(intent.attempt_id(intent.job_id('gina', 'reconciled'), 1), 'guessed', '{}');
+\echo SQLSTATE :SQLSTATE
+SELECT intent.record_reconciliation(NULL, 'completed', '{}');
+\echo SQLSTATE :SQLSTATE
+SELECT intent.record_reconciliation(intent.attempt_id(intent.job_id('gina', 'reconciled'), 1), NULL, '{}');
+\echo SQLSTATE :SQLSTATE
+SELECT intent.record_reconciliation(intent.attempt_id(intent.job_id('gina', 'reconciled'), 1), 'completed', NULL);
+\echo SQLSTATE :SQLSTATE
+SELECT intent.record_reconciliation(intent.attempt_id(intent.job_id('gina', 'never-submitted'), 1), 'completed', '{}');
+\echo SQLSTATE :SQLSTATE
+SELECT * FROM t.unchanged();
+-- Recorded once; the second call answers the same event.
+SELECT intent.record_reconciliation(intent.attempt_id(intent.job_id('gina', 'reconciled'), 1), 'completed',
+                                    '{"provider_says": "done", "reconciled_by": "rec-1"}') =
+       intent.record_reconciliation(intent.attempt_id(intent.job_id('gina', 'reconciled'), 1), 'completed',
+                                    '{"provider_says": "something else"}') AS the_same_event;
+SELECT kind, detail - 'recorded_by' AS detail, detail ? 'recorded_by' AS has_role
+  FROM intent.events WHERE job_id = intent.job_id('gina', 'reconciled') AND kind = 'reconciled';

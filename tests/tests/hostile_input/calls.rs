@@ -15,7 +15,7 @@
 //! submit_bad_text and submit_bad_other are now submit_bad; nul_byte and not_utf8 keep their
 //! names and cover every text argument of every call, not only submit_job's; begin_bad,
 //! complete_bad, fail_bad, mark_unknown_bad, heartbeat_bad, abandon_bad, cancel_bad, ids_bad,
-//! ids_null, define_bad, certify_bad, revoke_bad, validate_bad, purge_bad and the *_unknown
+//! ids_null, define_bad, certify_bad, revoke_bad, validate_bad, purge_bad, reconcile_bad and the *_unknown
 //! families keep their names.)
 
 use super::*;
@@ -248,6 +248,25 @@ pub static ABANDON_ATTEMPT: Call = Call {
     unknown: "abandon_unknown",
 };
 
+pub static RECORD_RECONCILIATION: Call = Call {
+    sql: RECONCILE,
+    args: &[
+        arg("attempt_id", AttemptId, Refused),
+        // Any text that is not a decision is refused (22023); a Name's bad values are too.
+        arg("decision", Name, Refused),
+        arg("evidence", Document(1 << 20), Refused),
+    ],
+    valid: |rng, fx| {
+        vec![
+            id(rng.pick(&fx.settled()).attempt_id),
+            text("completed"),
+            jsonb(json!({"provider_says": "done"})),
+        ]
+    },
+    bad: "reconcile_bad",
+    unknown: "reconcile_unknown",
+};
+
 pub static CANCEL_JOB: Call = Call {
     sql: CANCEL,
     args: &[
@@ -365,6 +384,7 @@ pub static CALLS: &[&Call] = &[
     &MARK_UNKNOWN,
     &HEARTBEAT_CALL,
     &ABANDON_ATTEMPT,
+    &RECORD_RECONCILIATION,
     &CANCEL_JOB,
     &JOB_ID,
     &ATTEMPT_ID,

@@ -12,6 +12,7 @@ pub const MARK: &str = "SELECT intent.mark_unknown($1, $2)::text";
 pub const HEARTBEAT: &str = "SELECT intent.heartbeat($1, $2)::text";
 pub const ABANDON: &str = "SELECT intent.abandon_attempt($1, $2)::text";
 pub const CANCEL: &str = "SELECT intent.cancel_job($1, $2)::text";
+pub const RECONCILE: &str = "SELECT intent.record_reconciliation($1, $2, $3)::text";
 
 /// What a call must answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,7 +102,8 @@ pub fn generate(rng: &mut Rng, fx: &Fixture) -> Case {
         62..67 => fail_calls(rng, fx),
         67..71 => timer_calls(rng, fx),
         71..75 => heartbeat_calls(rng, fx),
-        75..79 => abandon_calls(rng, fx),
+        75..78 => abandon_calls(rng, fx),
+        78..79 => reconcile_calls(rng, fx),
         79..82 => cancel_calls(rng, fx),
         82..85 => id_calls(rng, fx),
         85..89 => contract_calls(rng, fx),
@@ -426,6 +428,16 @@ pub fn abandon_calls(rng: &mut Rng, fx: &Fixture) -> Case {
                 Expect::Void,
             )
         }
+    }
+}
+
+/// record_reconciliation: bad arguments (22023) and attempts that do not exist (IJ007). (A
+/// valid call writes a `reconciled` event; the corpus's refusals write nothing.)
+pub fn reconcile_calls(rng: &mut Rng, fx: &Fixture) -> Case {
+    if rng.below(3) < 2 {
+        bad_argument(rng, fx, &RECORD_RECONCILIATION)
+    } else {
+        unknown_id(rng, fx, &RECORD_RECONCILIATION)
     }
 }
 

@@ -20,7 +20,7 @@ const APP_CALLS: &[&str] = &[
     "job_of",
     "bound_owner",
 ];
-const OPERATOR_CALLS: &[&str] = &["abandon_attempt", "sweep", "purge"];
+const OPERATOR_CALLS: &[&str] = &["abandon_attempt", "record_reconciliation", "sweep", "purge"];
 const ADMIN_CALLS: &[&str] = &[
     "define_contract",
     "certify_provider",
