@@ -327,6 +327,30 @@ pub async fn abandon_attempt(
     Ok(())
 }
 
+/// `intent.record_reconciliation` (pg_intent 0.4.0 on): records how an attempt whose outcome
+/// was unknown was decided — `"completed"`, `"failed"` or `"abandoned"` — and on what
+/// `evidence`, as a `reconciled` event; call it after the decision's own call, in the same
+/// transaction. Returns the event's id; an attempt has one reconciliation, and recording it
+/// again returns the first. A decision the attempt's state does not show, or an attempt still
+/// open, is refused ([`Error::InvalidInput`]). [`crate::Reconciler`] calls it for every
+/// decision.
+pub async fn record_reconciliation(
+    db: &(impl Executor + ?Sized),
+    attempt_id: Uuid,
+    decision: &str,
+    evidence: &(impl Serialize + ?Sized),
+) -> Result<i64, Error> {
+    let evidence = JsonArg::new(evidence)?;
+    let row = query_one(
+        db,
+        Call::RecordReconciliation,
+        &[&attempt_id, &decision, &evidence],
+        Context::attempt(attempt_id),
+    )
+    .await?;
+    get(&row, 0)
+}
+
 /// `intent.cancel_job`: the owner withdraws the intent. `false` if the job had already finished.
 pub async fn cancel_job(
     db: &(impl Executor + ?Sized),

@@ -57,6 +57,8 @@ pub enum Call {
     ClaimAttempts,
     /// How long until the next retry time of a claimable job (reads `intent.jobs`).
     NextRetryIn,
+    /// `intent.record_reconciliation` (pg_intent 0.4.0 on).
+    RecordReconciliation,
 }
 
 /// The start of the `intent.attempts` reads: the columns [`crate::AttemptRecord`] is read from.
@@ -69,7 +71,7 @@ macro_rules! select_attempts {
 
 impl Call {
     /// Every call, in the order of their cache slots.
-    pub const ALL: [Call; 19] = [
+    pub const ALL: [Call; 20] = [
         Call::SubmitJob,
         Call::BeginAttempt,
         Call::CompleteAttempt,
@@ -89,6 +91,7 @@ impl Call {
         Call::ValidateResult,
         Call::ClaimAttempts,
         Call::NextRetryIn,
+        Call::RecordReconciliation,
     ];
 
     /// The SQL text. Enum results are cast to `text` so that preparing needs no look-up of the
@@ -108,6 +111,7 @@ impl Call {
             Call::MarkUnknown => "SELECT intent.mark_unknown($1, $2)",
             Call::Heartbeat => "SELECT intent.heartbeat($1, $2)",
             Call::AbandonAttempt => "SELECT intent.abandon_attempt($1, $2)",
+            Call::RecordReconciliation => "SELECT intent.record_reconciliation($1, $2, $3)",
             Call::CancelJob => "SELECT intent.cancel_job($1, $2)",
             Call::Sweep => "SELECT intent.sweep()",
             Call::GetJob => {
@@ -169,6 +173,7 @@ impl Call {
             ],
             Call::MarkUnknown | Call::AbandonAttempt | Call::CancelJob => &[Type::UUID, Type::TEXT],
             Call::Heartbeat => &[Type::UUID, Type::INTERVAL],
+            Call::RecordReconciliation => &[Type::UUID, Type::TEXT, Type::JSONB],
             Call::Sweep => &[],
             Call::GetJob | Call::GetAttempt => &[Type::UUID],
             Call::UnknownAttempts => &[Type::INT8],

@@ -100,7 +100,7 @@
 //!
 //! ```json
 //! {
-//!   "harness": "pg_intent_client 0.3.0",
+//!   "harness": "pg_intent_client 0.4.0",
 //!   "run_id": "1f0c…", "provider": "gpu-b", "contract": "captions-v1", "contract_version": 1,
 //!   "settings": {"runs_per_case": 3, "temperature": 0.2, "max_tokens": null, "seed": null,
 //!                "call_timeout_ms": 60000,

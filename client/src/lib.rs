@@ -140,8 +140,8 @@ mod worker;
 pub use calls::{
     MAX_REASON_CHARS, abandon_attempt, begin_attempt, bind_owner, cancel_job, certify_provider,
     claim_attempts, complete_attempt, define_contract, fail_attempt, fail_attempt_after,
-    get_attempt, get_job, heartbeat, mark_unknown, next_retry_in, revoke_certification, submit_job,
-    sweep, unknown_attempts, validate_result,
+    get_attempt, get_job, heartbeat, mark_unknown, next_retry_in, record_reconciliation,
+    revoke_certification, submit_job, sweep, unknown_attempts, validate_result,
 };
 pub use error::Error;
 pub use exec::{Cached, Call, Connection, Executor, InTransaction, StatementCache, Transaction};

@@ -33,20 +33,25 @@
 //!
 //! # What is recorded
 //!
-//! pg_intent 0.3.0 has no event of its own for a reconciliation, so each decision is recorded
-//! where that call records it, with the evidence (what the provider said,
-//! [`Lookup::evidence`]) in it:
+//! Every decision is recorded with its evidence (what the provider said, [`Lookup::evidence`])
+//! as a **`reconciled` event** (`intent.record_reconciliation`, pg_intent 0.4.0 on), in the
+//! decision's own transaction: `{"decision": "completed" | "failed" | "abandoned",
+//! "attempt_state", "recorded_by", "evidence": {"kind": "reconciled", "decision",
+//! "provider_says", "reconciled_by", "evidence", …}}` (`"completion"` for a completion,
+//! `"provider_error"` for a refusal the provider reported, `"age_s"` and `"abandon_after_s"` for
+//! an abandon). Besides it, where each call records it:
 //!
 //! * **completed**: the attempt row — `succeeded` (or `discarded`, `failed` by the contract)
 //!   with the provider's output as its `result`. The output is the job's result and is not
 //!   altered; a `lost` completion also logs a `late_result` event, a rejected one a
 //!   `contract_violation` event.
-//! * **failed**: the attempt's `error` document, `{"kind": "reconciled", "decision":
-//!   "failed", "provider_says", "reconciled_by", "evidence", …}` (and the job's, when no
+//! * **failed**: the attempt's `error` document (the same evidence document; the job's, when no
 //!   attempt is left).
 //! * **abandoned**: the `abandoned` event, whose `reason` is the same document as JSON text
-//!   (`{"kind": "reconciled", "decision": "abandoned", "provider_says": "cannot_tell",
-//!   "age_s", "abandon_after_s", …}`, at most 1000 characters).
+//!   (at most 1000 characters).
+//!
+//! On a 0.3.0 catalog (the library upgraded, `ALTER EXTENSION pg_intent UPDATE` not yet run)
+//! there is no `reconciled` event; the records above remain.
 //!
 //! Every decision, and every lookup that failed, is also logged (the `log` target
 //! `pg_intent_client`) with its evidence, and returned in the [`Pass`].
@@ -67,7 +72,8 @@ use tokio_postgres::IsolationLevel;
 use uuid::Uuid;
 
 use crate::calls::{
-    MAX_REASON_CHARS, abandon_attempt, complete_attempt, fail_attempt, sweep, unknown_attempts,
+    MAX_REASON_CHARS, abandon_attempt, complete_attempt, fail_attempt, record_reconciliation,
+    sweep, unknown_attempts,
 };
 use crate::error::{Context, Error};
 use crate::exec::{Connection, Executor, StatementCache};
@@ -547,30 +553,49 @@ impl Reconciler {
                 "evidence": lookup.evidence,
             })
         };
-        let decision = match &lookup.status {
+        let (decision, recorded) = match &lookup.status {
             ProviderStatus::Done(result) => {
-                Decision::Completed(complete_attempt(tx, &handle, result).await?)
+                let completion = complete_attempt(tx, &handle, result).await?;
+                let mut recorded = record("completed");
+                recorded["completion"] = json!(completion.as_str());
+                (Decision::Completed(completion), Some(recorded))
             }
             ProviderStatus::Failed(said) => {
                 let mut error = record("failed");
                 error["provider_error"] = said.clone();
-                Decision::Failed(fail_attempt(tx, &handle, &error, true).await?)
+                let state = fail_attempt(tx, &handle, &error, true).await?;
+                (Decision::Failed(state), Some(error))
             }
             ProviderStatus::NeverReceived => {
-                Decision::Failed(fail_attempt(tx, &handle, &record("failed"), true).await?)
+                let error = record("failed");
+                let state = fail_attempt(tx, &handle, &error, true).await?;
+                (Decision::Failed(state), Some(error))
             }
-            ProviderStatus::Running => Decision::Running,
+            ProviderStatus::Running => (Decision::Running, None),
             ProviderStatus::CannotTell => match self.abandon_after {
                 Some(after) if age >= after => {
                     let mut reason = record("abandoned");
                     reason["age_s"] = json!(seconds(age));
                     reason["abandon_after_s"] = json!(seconds(after));
-                    abandon_attempt(tx, attempt.id, &reason_text(reason)).await?;
-                    Decision::Abandoned
+                    abandon_attempt(tx, attempt.id, &reason_text(reason.clone())).await?;
+                    (Decision::Abandoned, Some(reason))
                 }
-                _ => Decision::TooYoung { age },
+                _ => (Decision::TooYoung { age }, None),
             },
         };
+        // The decision and its evidence as a `reconciled` event, in the decision's own
+        // transaction (pg_intent 0.4.0 on; a 0.3.0 catalog keeps the records above only).
+        if let Some(recorded) = recorded
+            && records_reconciliations(tx).await?
+        {
+            record_reconciliation(
+                tx,
+                attempt.id,
+                recorded["decision"].as_str().unwrap_or(""),
+                &recorded,
+            )
+            .await?;
+        }
         Ok((decision, evidence))
     }
 
@@ -591,6 +616,20 @@ impl Reconciler {
             r.evidence
         );
     }
+}
+
+/// Whether the catalog has `intent.record_reconciliation` (0.4.0 on). Asked in the decision's
+/// transaction: calling a function that is not there would abort it, and the decision with it.
+async fn records_reconciliations(tx: &(impl Executor + ?Sized)) -> Result<bool, Error> {
+    tx.client()
+        .query_one(
+            "SELECT pg_catalog.to_regprocedure('intent.record_reconciliation(uuid,text,jsonb)') IS NOT NULL",
+            &[],
+        )
+        .await
+        .map_err(|e| Error::from_pg(e, Context::default()))?
+        .try_get(0)
+        .map_err(|source| Error::Decode { source })
 }
 
 /// Seconds, to the millisecond.

@@ -114,6 +114,17 @@ impl Setup {
             .collect()
     }
 
+    /// The one `reconciled` event of `attempt`: its detail.
+    #[track_caller]
+    fn reconciled<'e>(events: &'e [(String, Option<Uuid>, Value)], attempt: Uuid) -> &'e Value {
+        let mine: Vec<_> = events
+            .iter()
+            .filter(|e| e.0 == "reconciled" && e.1 == Some(attempt))
+            .collect();
+        assert_eq!(mine.len(), 1, "{events:?}");
+        &mine[0].2
+    }
+
     /// Waits until the provider has `status` for the request under `key`.
     async fn provider_reaches(&self, key: Uuid, status: &str) {
         let key = key.to_string();
@@ -206,6 +217,24 @@ async fn a_timed_out_attempt_the_provider_finished_is_completed_and_wins() {
     // Asked once, and the work was done once.
     assert_eq!(s.server.lookups(), vec![id.to_string()]);
     assert_eq!(s.server.requests().len(), 1);
+    // The decision and its evidence, as a reconciled event.
+    let events = s.events(job).await;
+    let detail = Setup::reconciled(&events, id);
+    assert_eq!(detail["decision"], "completed", "{detail}");
+    assert_eq!(detail["attempt_state"], "succeeded", "{detail}");
+    assert_eq!(detail["evidence"]["completion"], "won", "{detail}");
+    assert_eq!(detail["evidence"]["provider_says"], "done", "{detail}");
+    assert_eq!(detail["evidence"]["reconciled_by"], "rec-1", "{detail}");
+    assert_eq!(
+        detail["evidence"]["evidence"]["http_status"], 200,
+        "{detail}"
+    );
+    assert!(
+        detail["recorded_by"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("rec_")),
+        "{detail}"
+    );
     // The next pass finds nothing to do.
     let again = s.reconciler("rec-1").run_once(&mut op).await.unwrap();
     assert!(again.reconciled.is_empty(), "{again:?}");
@@ -289,14 +318,24 @@ async fn an_attempt_the_provider_never_received_is_failed_and_retried_under_the_
     let received = s.server.requests();
     assert_eq!(received.len(), 1);
     assert_eq!(received[0].idempotency_key, Some(second.id().to_string()));
-    // A failure logs no event in 0.3.0: the attempt's error is the record.
+    // The decision and its evidence, as a reconciled event (and in the attempt's error).
+    let events = s.events(job).await;
+    let detail = Setup::reconciled(&events, first.id());
+    assert_eq!(detail["decision"], "failed", "{detail}");
+    assert_eq!(detail["attempt_state"], "failed", "{detail}");
+    assert_eq!(
+        detail["evidence"]["provider_says"], "never_received",
+        "{detail}"
+    );
+    assert_eq!(
+        detail["evidence"]["evidence"]["http_status"], 404,
+        "{detail}"
+    );
     assert!(
-        s.events(job)
-            .await
+        events
             .iter()
-            .all(|(kind, _, _)| kind == "timeout"),
-        "{:?}",
-        s.events(job).await
+            .all(|(kind, _, _)| kind == "timeout" || kind == "reconciled"),
+        "{events:?}"
     );
 }
 
@@ -442,6 +481,13 @@ async fn an_attempt_nobody_can_tell_about_is_left_while_young_and_abandoned_when
     assert_eq!(reason["evidence"]["http_status"], 410, "{reason}");
     assert_eq!(reason["abandon_after_s"], 0.5, "{reason}");
     assert!(reason["age_s"].as_f64().unwrap() > 0.6, "{reason}");
+    let detail = Setup::reconciled(&events, attempt.id());
+    assert_eq!(detail["decision"], "abandoned", "{detail}");
+    assert_eq!(detail["attempt_state"], "abandoned", "{detail}");
+    assert_eq!(
+        detail["evidence"]["provider_says"], "cannot_tell",
+        "{detail}"
+    );
     // The gate is open: the next attempt may begin.
     let next = intent::begin_attempt(&s.db, job, BeginOptions::new())
         .await
@@ -592,13 +638,14 @@ async fn two_reconcilers_at_once_make_each_decision_once() {
         counts,
         vec![
             ("abandoned".to_string(), EACH as i64),
+            ("reconciled".to_string(), 3 * EACH as i64),
             ("timeout".to_string(), 3 * EACH as i64),
         ]
     );
     let per_attempt: i64 =
         s.db.query_one(
             "SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM intent.events \
-             WHERE kind = 'abandoned' GROUP BY attempt_id) c",
+             WHERE kind IN ('abandoned', 'reconciled') GROUP BY attempt_id, kind) c",
             &[],
         )
         .await
