@@ -116,7 +116,7 @@ impl Setup {
 
     /// The one `reconciled` event of `attempt`: its detail.
     #[track_caller]
-    fn reconciled<'e>(events: &'e [(String, Option<Uuid>, Value)], attempt: Uuid) -> &'e Value {
+    fn reconciled(events: &[(String, Option<Uuid>, Value)], attempt: Uuid) -> &Value {
         let mine: Vec<_> = events
             .iter()
             .filter(|e| e.0 == "reconciled" && e.1 == Some(attempt))

@@ -37,7 +37,7 @@ async fn define_captions(db: &Connection) {
 
 /// The production suite: the subject goes into the prompt as it came.
 fn raw_suite() -> ContractSuite {
-    suite_with(|input| captions::user_prompt(input))
+    suite_with(captions::user_prompt)
 }
 
 /// The same suite with its inputs' control tokens neutralised before rendering: the usual ones
