@@ -296,3 +296,49 @@ async fn a_404_from_a_server_without_the_status_route_decides_nothing() {
         pass.reconciled[0].evidence
     );
 }
+
+/// F5: "an attempt has one record, a second call answers the first" does not hold under
+/// REPEATABLE READ: the job's row lock (FOR NO KEY UPDATE, nothing updated) raises no
+/// serialization failure, and FIND_RECONCILED reads the transaction's old snapshot, so a second
+/// `reconciled` event is inserted — with a contradicting decision for a failed attempt.
+#[tokio::test]
+async fn a_repeatable_read_caller_cannot_record_a_second_reconciliation() {
+    let t = TestDb::new().await;
+    let a = t.conn().await;
+    let b = t.conn().await;
+    let s: Submitted<Value> =
+        intent::submit_job(&a, &NewJob::new("alice", "rr", "gpu-a", &json!({"x": 1})))
+            .await
+            .unwrap();
+    let attempt = intent::begin_attempt(&a, s.job_id, BeginOptions::new())
+        .await
+        .unwrap();
+    intent::mark_unknown(&a, attempt.id(), Some("timeout"))
+        .await
+        .unwrap();
+    // Failed (not by the contract): both "completed" and "failed" are admitted for it.
+    intent::fail_attempt(&a, &attempt, &json!({"kind": "provider"}), false)
+        .await
+        .unwrap();
+    b.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
+        .await
+        .unwrap();
+    let first = intent::record_reconciliation(&a, attempt.id(), "completed", &json!({"by": "a"}))
+        .await
+        .unwrap();
+    let second =
+        intent::record_reconciliation(&b, attempt.id(), "failed", &json!({"by": "b"})).await;
+    let _ = b.batch_execute("COMMIT").await;
+    let n: i64 = a
+        .query_one(
+            "SELECT count(*) FROM intent.events WHERE attempt_id = $1 AND kind = 'reconciled'",
+            &[&attempt.id()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        n, 1,
+        "two reconciled events for one attempt (first id {first}, second {second:?})"
+    );
+}
