@@ -444,6 +444,25 @@ impl OpenAiCompatible {
         if let Some(message) = &message {
             evidence["message"] = json!(cut(message));
         }
+        // A 404 or 410 decides only as the status API's own answer (its error type), never
+        // as a route the server does not have, a proxy's, or a misconfigured base URL's.
+        let own = match status {
+            404 => Some("not_found"),
+            410 => Some("expired"),
+            _ => None,
+        };
+        if let Some(own) = own
+            && answer.pointer("/error/type").and_then(Value::as_str) != Some(own)
+        {
+            return Err(format!(
+                "GET {asked}: HTTP {status} that is not the status API's answer{}",
+                message
+                    .as_ref()
+                    .map(|m| format!(": {}", cut(m)))
+                    .unwrap_or_default()
+            )
+            .into());
+        }
         let status = match status {
             404 => ProviderStatus::NeverReceived,
             410 => ProviderStatus::CannotTell,
@@ -512,8 +531,9 @@ impl OpenAiCompatible {
 /// | `200 {"status": "succeeded", "response": <chat completion>}` | `Done`, the content parsed as the suite's workers parse it ([`ContractSuite::parse`]); an answer that does not parse is `Failed`, as [`ContractSuite::work_for`] reports it |
 /// | `200 {"status": "failed", "http_status", "response": <error>}` | `Failed` (refused, nothing done) |
 /// | `200 {"status": "running"}` | `Running` |
-/// | `404` | `NeverReceived` |
-/// | `410` | `CannotTell` (its records of the request expired) |
+/// | `404 {"error": {"type": "not_found"}}` | `NeverReceived` |
+/// | `410 {"error": {"type": "expired"}}` | `CannotTell` (its records of the request expired) |
+/// | a `404` or `410` without that type (a route the server does not have, a proxy) | an `Err`: nothing is decided |
 /// | anything else, or no answer | an `Err`: nothing is decided |
 ///
 /// An attempt of a provider it was not given is an `Err` too: nobody asked, nothing decided.

@@ -131,6 +131,18 @@ impl ServerTokenizer {
     }
 
     async fn send(&self, path: &str, body: Option<Value>) -> Result<Value, RenderError> {
+        // Bounded here, not by the client: `OpenAiCompatible::tokenizer` hands over the
+        // provider's client, which has no request timeout (a chat call is bounded by the run's
+        // call timeout instead).
+        match tokio::time::timeout(TOKENIZER_TIMEOUT, self.send_unbounded(path, body)).await {
+            Ok(answer) => answer,
+            Err(_) => Err(RenderError(format!(
+                "{path}: no answer within {TOKENIZER_TIMEOUT:?}"
+            ))),
+        }
+    }
+
+    async fn send_unbounded(&self, path: &str, body: Option<Value>) -> Result<Value, RenderError> {
         let url = self.url(path);
         let mut request = match &body {
             Some(body) => self
