@@ -224,11 +224,14 @@ impl Tokenizer for LocalTokenizer {
         })
     }
 
+    /// Every added token, `special` or not (an added token is parsed as one token wherever it
+    /// is written: Qwen2.5's `<tool_call>` and `<|fim_prefix|>` are not `special`), except
+    /// runs of whitespace that some code models add as tokens.
     fn control_tokens(&self) -> Vec<String> {
         self.tokenizer
             .get_added_tokens_decoder()
             .into_values()
-            .filter(|t| t.special)
+            .filter(|t| t.special || !t.content.trim().is_empty())
             .map(|t| t.content)
             .collect()
     }
