@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use db::TestDb;
 use pg_intent_client::harness::{
-    self, ContractSuite, LocalTokenizer, OpenAiCompatible, Prompt, RenderChecks, RequestLookup,
-    DEFAULT_CONTROL_TOKENS, RunOptions, Tokenizer, TokenizerApi, neutralise_control_tokens,
+    self, ContractSuite, DEFAULT_CONTROL_TOKENS, LocalTokenizer, OpenAiCompatible, Prompt,
+    RenderChecks, RequestLookup, RunOptions, Tokenizer, TokenizerApi, neutralise_control_tokens,
     neutralise_with,
 };
 use pg_intent_client::reconciler::Reconciler;
@@ -116,7 +116,11 @@ async fn an_added_token_that_is_not_special_is_not_checked() {
     )
     .await
     .unwrap();
-    eprintln!("certified {} verdict {}", report.certified(), report.verdict);
+    eprintln!(
+        "certified {} verdict {}",
+        report.certified(),
+        report.verdict
+    );
     assert!(
         !(report.certified() && reaches),
         "certified ({}) although an input's <tool_call> reaches the model as token {tool_call}; \
@@ -181,7 +185,10 @@ async fn a_token_split_across_two_fields_forms_after_neutralising() {
                 user: captions::user_prompt(&captions::input(&format!("{a}{b}"))),
             }
         })
-        .case("fox", json!({"subject": "a red fox", "detail": " in the snow"}))
+        .case(
+            "fox",
+            json!({"subject": "a red fox", "detail": " in the snow"}),
+        )
     };
     let local = || {
         LocalTokenizer::new(&tiny, CHATML_TEMPLATE)
@@ -195,11 +202,18 @@ async fn a_token_split_across_two_fields_forms_after_neutralising() {
     }));
     let ids = local().chat(&attack).await.unwrap().ids;
     let reaches = ids.iter().filter(|i| **i == im_end).count() > 2;
-    eprintln!("im_end {im_end} count {}", ids.iter().filter(|i| **i == im_end).count());
+    eprintln!(
+        "im_end {im_end} count {}",
+        ids.iter().filter(|i| **i == im_end).count()
+    );
     let report = harness::run(&db, &client, &suite(), &options(RenderChecks::new(local())))
         .await
         .unwrap();
-    eprintln!("certified {} verdict {}", report.certified(), report.verdict);
+    eprintln!(
+        "certified {} verdict {}",
+        report.certified(),
+        report.verdict
+    );
     assert!(
         !(report.certified() && reaches),
         "certified although a split <|im_end|> reaches the model"
@@ -375,7 +389,10 @@ async fn text_turn_markers_are_not_ordinary_text() {
     let report = harness::run(&db, &client, &raw, &options(RenderChecks::new(local)))
         .await
         .unwrap();
-    eprintln!("F7 {} {}", report.verdict, report.evidence["cases"][0]["rendering"]);
+    eprintln!(
+        "F7 {} {}",
+        report.verdict, report.evidence["cases"][0]["rendering"]
+    );
     assert!(
         !report.certified(),
         "a raw render certified on a text-marker template; control: {}",
