@@ -20,6 +20,8 @@ CREATE TABLE intent.events (
 );
 
 CREATE INDEX events_job_id ON intent.events (job_id, id);
+CREATE UNIQUE INDEX events_one_reconciliation ON intent.events (job_id, attempt_id)
+    WHERE kind = 'reconciled';
 
 COMMENT ON TABLE intent.events IS
     'Append-only log: timeouts, abandons, cancels, late results, contract violations, reconciliations. Replays are not logged.';
@@ -34,6 +36,8 @@ COMMENT ON COLUMN intent.events.kind IS
 COMMENT ON COLUMN intent.events.detail IS
     'The facts: for late_result the winner, the version the late attempt presented and the current one; for timeout the deadline and who noticed; for reconciled the decision, the attempt''s state after it, the evidence and the role that recorded it; reasons as given.';
 COMMENT ON INDEX intent.events_job_id IS 'Reads one job''s story in order.';
+COMMENT ON INDEX intent.events_one_reconciliation IS
+    'One reconciliation per attempt (record_reconciliation), whatever the isolation level of concurrent callers.';
 
 COMMENT ON CONSTRAINT events_pkey ON intent.events IS 'Orders the log.';
 COMMENT ON CONSTRAINT events_attempt_of_job ON intent.events IS 'An event''s attempt belongs to the event''s job.';

@@ -3,7 +3,8 @@
 -- Run by ALTER EXTENSION pg_intent UPDATE. Rows are kept; the changes:
 --   * intent.event_kind admits 'reconciled';
 --   * intent.record_reconciliation (for intent_operator): records how an unknown attempt was
---     decided and on what evidence, as a reconciled event.
+--     decided and on what evidence, as a reconciled event; the unique partial index
+--     events_one_reconciliation keeps it to one per attempt.
 
 \echo Use "ALTER EXTENSION pg_intent UPDATE TO '0.4.0'" to load this file. \quit
 
@@ -28,6 +29,12 @@ COMMENT ON COLUMN intent.events.kind IS
     'timeout, abandoned, cancelled, late_result, late_failure, contract_violation or reconciled.';
 COMMENT ON COLUMN intent.events.detail IS
     'The facts: for late_result the winner, the version the late attempt presented and the current one; for timeout the deadline and who noticed; for reconciled the decision, the attempt''s state after it, the evidence and the role that recorded it; reasons as given.';
+
+-- No row is 'reconciled' yet: the index starts empty (building it reads intent.events once).
+CREATE UNIQUE INDEX events_one_reconciliation ON intent.events (job_id, attempt_id)
+    WHERE kind = 'reconciled';
+COMMENT ON INDEX intent.events_one_reconciliation IS
+    'One reconciliation per attempt (record_reconciliation), whatever the isolation level of concurrent callers.';
 
 CREATE FUNCTION intent.record_reconciliation(attempt_id uuid, decision text, evidence jsonb)
 RETURNS bigint

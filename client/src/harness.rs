@@ -587,6 +587,19 @@ impl ContractSuite {
         (self.render)(input)
     }
 
+    /// The prompt sent for `input`: [`ContractSuite::render`]'s, with the user prompt's control
+    /// tokens neutralised ([`neutralise_control_tokens`]: each of [`DEFAULT_CONTROL_TOKENS`]
+    /// broken by a word joiner), so that text put into the user prompt reaches the model as
+    /// text, however the render assembled it. [`ContractSuite::ask`] and [`run`] send this one,
+    /// and the rendering checks check it; the system prompt is sent as rendered. A tokenizer's
+    /// own control tokens outside that list must be neutralised by the render
+    /// ([`neutralise_with`]); the rendering checks try them.
+    pub fn prompt_for(&self, input: &Value) -> Prompt {
+        let mut prompt = self.render(input);
+        prompt.user = neutralise_control_tokens(&prompt.user);
+        prompt
+    }
+
     /// Parses an answer.
     pub fn parse(&self, raw: &str) -> Result<Value, String> {
         (self.parse)(raw)
@@ -631,7 +644,7 @@ impl ContractSuite {
     ) -> Result<Value, Failure> {
         check_temperature(options.temperature)
             .map_err(|e| Failure::Provider(ProviderError::not_sent(e)))?;
-        let mut request = Request::new(&self.render(input), options);
+        let mut request = Request::new(&self.prompt_for(input), options);
         request.idempotency_key = key;
         self.ask_with(provider, &request, options.call_timeout)
             .await
@@ -1154,7 +1167,7 @@ pub async fn run<P: Provider>(
     let mut cases = Vec::with_capacity(suite.cases.len());
     for (index, case) in suite.cases.iter().enumerate() {
         let check = suite.checks.get(index).and_then(Option::as_deref);
-        let prompt = suite.render(&case.input);
+        let prompt = suite.prompt_for(&case.input);
         let rendering = match (&options.rendering, &control) {
             (Some(checks), Some(Ok(control))) => Some(
                 checks

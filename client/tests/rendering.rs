@@ -131,7 +131,7 @@ async fn a_well_behaved_provider_is_certified_with_every_check_in_the_evidence()
     ] {
         let name = format!("gpu-good-{api:?}");
         let (server, client) = provider(&name, &[]).await;
-        let checks = RenderChecks::new(client.tokenizer(api));
+        let checks = RenderChecks::new(client.tokenizer(api).control_tokens(CONTROL_TOKENS));
         let report = harness::run(&db, &client, &suite, &options(checks))
             .await
             .unwrap();
@@ -233,7 +233,9 @@ async fn each_rendering_failure_refuses_the_certification_before_any_call() {
             &db,
             &client,
             &suite,
-            &options(RenderChecks::new(client.tokenizer(api))),
+            &options(RenderChecks::new(
+                client.tokenizer(api).control_tokens(CONTROL_TOKENS),
+            )),
         )
         .await
         .unwrap();
@@ -255,7 +257,11 @@ async fn a_tokenizer_that_loses_characters_is_caught() {
         &db,
         &client,
         &suite,
-        &options(RenderChecks::new(client.tokenizer(TokenizerApi::Vllm))),
+        &options(RenderChecks::new(
+            client
+                .tokenizer(TokenizerApi::Vllm)
+                .control_tokens(CONTROL_TOKENS),
+        )),
     )
     .await
     .unwrap();
@@ -269,7 +275,11 @@ async fn a_tokenizer_that_loses_characters_is_caught() {
         &db,
         &client,
         &suite,
-        &options(RenderChecks::new(client.tokenizer(TokenizerApi::LlamaCpp))),
+        &options(RenderChecks::new(
+            client
+                .tokenizer(TokenizerApi::LlamaCpp)
+                .control_tokens(CONTROL_TOKENS),
+        )),
     )
     .await
     .unwrap();
@@ -277,8 +287,18 @@ async fn a_tokenizer_that_loses_characters_is_caught() {
     let failed = brulee.rendering.as_ref().unwrap().first_failure().unwrap();
     assert_eq!(failed.name, "round_trip", "{failed:?}");
     assert!(failed.detail.contains("does not survive tokenization"));
-    // The ASCII cases passed: only the case that shows the flaw fails.
-    assert!(report.cases[0].rendering.as_ref().unwrap().passed());
+    // The ASCII cases' text survives; but the neutraliser's word joiner (U+2060) is a
+    // character this tokenizer loses too: it becomes <unk>, a control token, and the
+    // control_tokens check says so.
+    let fox = report.cases[0].rendering.as_ref().unwrap();
+    let failed: Vec<&str> = fox
+        .checks
+        .iter()
+        .filter(|c| !c.passed)
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(failed, ["control_tokens"], "{fox:?}");
+    assert!(fox.checks[0].passed, "round_trip: {fox:?}");
 }
 
 #[tokio::test]
@@ -287,11 +307,17 @@ async fn neutralised_inputs_pass_where_raw_ones_fail() {
     let db = t.conn().await;
     define_captions(&db).await;
     let (_server, client) = provider("gpu-parses", &[Flaw::ParsesControlTokens]).await;
-    let checks = || RenderChecks::new(client.tokenizer(TokenizerApi::Vllm));
+    let checks = || {
+        RenderChecks::new(
+            client
+                .tokenizer(TokenizerApi::Vllm)
+                .control_tokens(CONTROL_TOKENS),
+        )
+    };
     let raw = harness::run(&db, &client, &raw_suite(), &options(checks()))
         .await
         .unwrap();
-    assert_refused_by(&raw, "control_tokens", "<|im_start|>");
+    assert_refused_by(&raw, "control_tokens", "<|object_ref_start|>");
     let neutralised = harness::run(&db, &client, &neutralising_suite(), &options(checks()))
         .await
         .unwrap();

@@ -134,7 +134,20 @@ static FIND_RECONCILED: Statement = Statement {
     args: &[pg_sys::UUIDOID, pg_sys::UUIDOID],
 };
 
-/// A reconciliation, with the state the decision left the attempt in.
+/// Whether the attempt was ever unknown: its `timeout` event (mark_unknown, or a lapsed lease
+/// persisted). Only such an attempt has anything to reconcile.
+static WAS_UNKNOWN: Statement = Statement {
+    name: Name::WasUnknown,
+    sql: "SELECT 1 FROM intent.events
+           WHERE job_id = $1 AND attempt_id = $2 AND kind = 'timeout'
+           LIMIT 1",
+    args: &[pg_sys::UUIDOID, pg_sys::UUIDOID],
+};
+
+/// A reconciliation, with the state the decision left the attempt in. The unique index
+/// `events_one_reconciliation` keeps it to one per attempt whatever the callers' isolation: a
+/// concurrent second one waits, then writes nothing (READ COMMITTED) or fails with 40001
+/// (REPEATABLE READ, SERIALIZABLE), instead of recording a contradicting decision.
 static RECORD_RECONCILED: Statement = Statement {
     name: Name::RecordReconciled,
     sql: "INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
@@ -143,6 +156,7 @@ static RECORD_RECONCILED: Statement = Statement {
                                     'evidence', $3::jsonb, 'recorded_by', session_user::text)
             FROM intent.attempts a
            WHERE a.id = $1
+          ON CONFLICT (job_id, attempt_id) WHERE kind = 'reconciled' DO NOTHING
           RETURNING id",
     args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::JSONBOID],
 };
@@ -203,8 +217,28 @@ fn reconciled(
             // Recorded already: a reconciliation is recorded once, and repeating it is safe.
             return Ok(plans::must::<i64>(&row, 1));
         }
+        if plans::first(plans::run(
+            client,
+            &WAS_UNKNOWN,
+            &[job.id.into(), attempt_id.into()],
+        ))
+        .is_none()
+        {
+            return Err(Refusal::bad_input(format!(
+                "attempt {attempt_id} was never unknown: there is nothing to reconcile"
+            ))
+            .detail(format!(
+                "Attempt {attempt_id} has no timeout event: its outcome was reported by its worker, not reconciled."
+            ))
+            .hint("Record a reconciliation only for an attempt whose outcome was unknown (mark_unknown, or a lease that ran out)."));
+        }
         let state = attempt.effective_state();
-        if !left.contains(&state) {
+        // A failed attempt was completed only when its result broke the contract.
+        let shows_decision = left.contains(&state)
+            && (state != AttemptState::Failed
+                || *decision != "completed"
+                || attempt.error_kind.as_deref() == Some(crate::contract::VIOLATION));
+        if !shows_decision {
             let message = if state.is_open() {
                 format!("attempt {attempt_id} is still {state}: decide it first, then record how")
             } else {
@@ -215,16 +249,29 @@ fn reconciled(
             return Err(Refusal::bad_input(message)
                 .detail(format!(
                     "Attempt {attempt_id} is {state}; recording {decision:?} needs it {}.",
-                    left.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                    if *decision == "completed" {
+                        "succeeded, discarded, or failed by its contract (a rejected result)".to_string()
+                    } else {
+                        left.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                    }
                 ))
                 .hint("Call complete_attempt, fail_attempt or abandon_attempt first, in the same transaction."));
         }
-        let row = plans::first(plans::run(
+        if let Some(row) = plans::first(plans::run(
             client,
             &RECORD_RECONCILED,
             &[attempt_id.into(), (*decision).into(), evidence.into()],
+        )) {
+            return Ok(plans::must::<i64>(&row, 1));
+        }
+        // Another transaction recorded it meanwhile (and committed: ON CONFLICT waited for
+        // it): its record stands, and is the answer.
+        let row = plans::first(plans::run(
+            client,
+            &FIND_RECONCILED,
+            &[job.id.into(), attempt_id.into()],
         ))
-        .expect("the locked attempt exists");
+        .expect("the conflicting reconciliation is committed");
         Ok(plans::must::<i64>(&row, 1))
     })
 }

@@ -45,6 +45,7 @@ pub enum Name {
     Abandon0_2,
     Cancel,
     FindReconciled,
+    WasUnknown,
     RecordReconciled,
     // finish.rs
     Complete,

@@ -14,9 +14,15 @@ use tokenizers::{
     TokenizerBuilder, TokenizerImpl,
 };
 
-/// ChatML's turn markers, the end-of-text token and the unknown token: the tiny tokenizer's
-/// control tokens.
-pub const CONTROL_TOKENS: [&str; 4] = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<unk>"];
+/// ChatML's turn markers, the end-of-text token, the unknown token, and one of Qwen 2.5's that
+/// is in no default list (`<|object_ref_start|>`): the tiny tokenizer's control tokens.
+pub const CONTROL_TOKENS: [&str; 5] = [
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<unk>",
+    "<|object_ref_start|>",
+];
 
 /// The context window the provider reports: 4,096 tokens ([`Flaw::SmallContext`]: 64).
 pub const CONTEXT_WINDOW: u32 = 4096;

@@ -207,6 +207,22 @@ async fn every_sql_block_of_the_runbook_works() {
     assert_eq!(rb.run("sweep", "oncall", &[]).trim(), "1");
     assert_eq!(attempt_row(&c, sa.attempt_id).await.state, "unknown");
 
+    // 2.7 What the reconciler decided: its reconciled events (here one recorded by hand, as
+    // the Reconciler records it after its decision).
+    let a = unknown_attempt(&c, "k-reconciled", "gpu-a").await;
+    rb.run("fail", "oncall", &[("attempt_id", &s(a)), reason]);
+    c.execute(
+        "SELECT intent.record_reconciliation($1, 'failed', '{\"provider_says\": \"never_received\"}')",
+        &[&a],
+    )
+    .await
+    .unwrap();
+    let out = rb.run("reconciled", "oncall", &[]);
+    assert!(
+        out.contains(&s(a)) && out.contains("|failed|failed|never_received|"),
+        "{out}"
+    );
+
     // 3. A lost race: the abandoned attempt reports after a retry won.
     let race = submit(&c, "bob", "k-race", "gpu-a", &json!({}))
         .await
@@ -309,6 +325,7 @@ async fn every_sql_block_of_the_runbook_works() {
         "abandon-many",
         "cancel",
         "sweep",
+        "reconciled",
         "lost-races",
         "late-events",
         "certifications",

@@ -74,6 +74,42 @@ pub const DEFAULT_CONTROL_TOKENS: &[&str] = &[
     "[/INST]",
     "<start_of_turn>",
     "<end_of_turn>",
+    // Unknown, padding and mask tokens of SentencePiece and BERT-style vocabularies.
+    "<unk>",
+    "<pad>",
+    "<mask>",
+    "<|pad|>",
+    // Qwen 2.5 (tools, fill-in-the-middle), Phi-4, Llama 4, gpt-oss (harmony), Command-R,
+    // Mistral v7, DeepSeek (fullwidth bars), and Llama 2's system markers.
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|im_sep|>",
+    "<|header_start|>",
+    "<|header_end|>",
+    "<|eot|>",
+    "<|start|>",
+    "<|message|>",
+    "<|channel|>",
+    "<|return|>",
+    "<|call|>",
+    "<|START_OF_TURN_TOKEN|>",
+    "<|END_OF_TURN_TOKEN|>",
+    "<|USER_TOKEN|>",
+    "<|CHATBOT_TOKEN|>",
+    "<|SYSTEM_TOKEN|>",
+    "[SYSTEM_PROMPT]",
+    "[/SYSTEM_PROMPT]",
+    "[TOOL_CALLS]",
+    "[AVAILABLE_TOOLS]",
+    "<\u{ff5c}User\u{ff5c}>",
+    "<\u{ff5c}Assistant\u{ff5c}>",
+    "<\u{ff5c}begin\u{2581}of\u{2581}sentence\u{ff5c}>",
+    "<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>",
+    "<<SYS>>",
+    "<</SYS>>",
 ];
 
 /// What a [`Tokenizer`] future resolves to.
@@ -387,7 +423,7 @@ impl RenderChecks {
         }
         for (token, id) in &control.found {
             let injected = append_to_strings(input, token);
-            let prompt = suite.render(&injected);
+            let prompt = suite.prompt_for(&injected);
             let ids = match self.tokenizer.chat(&prompt).await {
                 Ok(c) => c.ids,
                 Err(e) => {

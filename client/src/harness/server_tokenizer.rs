@@ -56,6 +56,8 @@ pub struct ServerTokenizer {
     model: String,
     api_key: Option<String>,
     http: reqwest::Client,
+    /// The server's own control tokens, as given ([`ServerTokenizer::control_tokens`]).
+    own: Vec<String>,
 }
 
 impl fmt::Debug for ServerTokenizer {
@@ -96,6 +98,7 @@ impl ServerTokenizer {
             query,
             model: model.into(),
             api_key: None,
+            own: Vec::new(),
             http: reqwest::Client::builder()
                 .connect_timeout(DEFAULT_CONNECT_TIMEOUT)
                 .timeout(TOKENIZER_TIMEOUT)
@@ -108,6 +111,15 @@ impl ServerTokenizer {
     /// Sends `Authorization: Bearer {key}` (never shown or recorded).
     pub fn api_key(mut self, key: impl Into<String>) -> Self {
         self.api_key = Some(key.into());
+        self
+    }
+
+    /// The server's own control tokens — its tokenizer's added tokens (`added_tokens` of its
+    /// `tokenizer.json`, `added_tokens_decoder` of its `tokenizer_config.json`) — tried by the
+    /// `control_tokens` check besides [`super::DEFAULT_CONTROL_TOKENS`]. Neither API lists
+    /// them, so a token outside the defaults is checked only when given here.
+    pub fn control_tokens<S: Into<String>>(mut self, tokens: impl IntoIterator<Item = S>) -> Self {
+        self.own.extend(tokens.into_iter().map(Into::into));
         self
     }
 
@@ -293,6 +305,10 @@ impl Tokenizer for ServerTokenizer {
 
     fn tokenize<'a>(&'a self, text: &'a str) -> TokenizerFuture<'a, Vec<u32>> {
         Box::pin(self.raw_tokens(text))
+    }
+
+    fn control_tokens(&self) -> Vec<String> {
+        self.own.clone()
     }
 
     fn detokenize<'a>(&'a self, ids: &'a [u32]) -> TokenizerFuture<'a, String> {

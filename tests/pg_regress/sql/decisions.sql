@@ -189,3 +189,20 @@ SELECT intent.record_reconciliation(intent.attempt_id(intent.job_id('gina', 'rec
                                     '{"provider_says": "something else"}') AS the_same_event;
 SELECT kind, detail - 'recorded_by' AS detail, detail ? 'recorded_by' AS has_role
   FROM intent.events WHERE job_id = intent.job_id('gina', 'reconciled') AND kind = 'reconciled';
+-- A reconciliation needs an attempt whose outcome was unknown (a timeout event), and a
+-- completed reconciliation of a failed attempt needs a contract violation: 22023.
+SELECT job_id FROM intent.submit_job('gina', 'never-unknown', 'payments', '{}');
+SELECT attempt_no FROM intent.begin_attempt(intent.job_id('gina', 'never-unknown'), NULL, '1 hour');
+SELECT intent.complete_attempt(intent.attempt_id(intent.job_id('gina', 'never-unknown'), 1), 1, '{"charge": "ch_n"}');
+SELECT * FROM t.snapshot();
+SELECT intent.record_reconciliation(intent.attempt_id(intent.job_id('gina', 'never-unknown'), 1), 'completed', '{"forged": true}');
+\echo SQLSTATE :SQLSTATE
+SELECT job_id FROM intent.submit_job('gina', 'failed-unknown', 'payments', '{}');
+SELECT attempt_no FROM intent.begin_attempt(intent.job_id('gina', 'failed-unknown'), NULL, '1 hour');
+SELECT intent.mark_unknown(intent.attempt_id(intent.job_id('gina', 'failed-unknown'), 1));
+SELECT intent.fail_attempt(intent.attempt_id(intent.job_id('gina', 'failed-unknown'), 1), 1, '{"kind": "provider"}', false);
+SELECT * FROM t.snapshot();
+SELECT intent.record_reconciliation(intent.attempt_id(intent.job_id('gina', 'failed-unknown'), 1), 'completed', '{}');
+\echo SQLSTATE :SQLSTATE
+SELECT * FROM t.unchanged();
+SELECT intent.record_reconciliation(intent.attempt_id(intent.job_id('gina', 'failed-unknown'), 1), 'failed', '{"provider_says": "never_received"}') > 0 AS recorded;
