@@ -128,6 +128,7 @@ async fn a_well_behaved_provider_is_certified_with_every_check_in_the_evidence()
     for (api, suite) in [
         (TokenizerApi::Vllm, raw_suite()),
         (TokenizerApi::LlamaCpp, neutralising_suite()),
+        (TokenizerApi::Tgi, raw_suite()),
     ] {
         let name = format!("gpu-good-{api:?}");
         let (server, client) = provider(&name, &[]).await;
@@ -182,7 +183,25 @@ async fn each_rendering_failure_refuses_the_certification_before_any_call() {
     define_captions(&db).await;
     // (llama.cpp parses control tokens in any prompt: its ParsesControlTokens case is raw
     // input through it, flawed or not.)
-    let cases: [(&[Flaw], TokenizerApi, &str, &str); 6] = [
+    let cases: [(&[Flaw], TokenizerApi, &str, &str); 9] = [
+        (
+            &[Flaw::DropsSystem],
+            TokenizerApi::Tgi,
+            "system_present",
+            "system prompt is not in what the model receives",
+        ),
+        (
+            &[Flaw::SmallContext],
+            TokenizerApi::Tgi,
+            "fits",
+            "exceed the context window of 64",
+        ),
+        (
+            &[Flaw::ParsesControlTokens],
+            TokenizerApi::Tgi,
+            "control_tokens",
+            "reaches the model as that control token",
+        ),
         (
             &[Flaw::DropsSystem],
             TokenizerApi::Vllm,

@@ -478,14 +478,15 @@ fn error_body(message: &str, kind: &str) -> Value {
 }
 
 /// `GET /v1/requests/{key}`: what became of the request kept under `key`.
-/// The tokenizer endpoints ([`tokenizer::answer`]): `GET /props`, `POST` the others.
+/// The tokenizer endpoints ([`tokenizer::answer`]): `GET /props` and `/info`, `POST` the
+/// others.
 async fn tokenizer_route(
     state: &State,
     path: &str,
     method: Method,
     body: Incoming,
 ) -> Response<Reply> {
-    let wanted = if path == "/props" {
+    let wanted = if path == "/props" || path == "/info" {
         Method::GET
     } else {
         Method::POST
@@ -630,7 +631,7 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Re
     }
     if matches!(
         path,
-        "/tokenize" | "/detokenize" | "/apply-template" | "/props"
+        "/tokenize" | "/detokenize" | "/apply-template" | "/props" | "/chat_tokenize" | "/info"
     ) {
         return Ok(tokenizer_route(&state, path, parts.method, body).await);
     }

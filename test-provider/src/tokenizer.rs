@@ -3,8 +3,9 @@
 //!
 //! [`tiny_tokenizer`] trains a byte-level BPE tokenizer (a few hundred tokens, ChatML's control
 //! tokens) in a moment, with no download; [`ProviderTokenizer`] renders chats with ChatML and
-//! answers vLLM's `POST /tokenize` / `POST /detokenize` and llama.cpp's `/tokenize`,
-//! `/detokenize`, `/apply-template` and `GET /props`.
+//! answers vLLM's `POST /tokenize` / `POST /detokenize`, llama.cpp's `/tokenize`,
+//! `/detokenize`, `/apply-template` and `GET /props`, and TGI's `/chat_tokenize`, `/tokenize`
+//! (with `inputs`) and `GET /info`.
 
 use serde_json::{Value, json};
 use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
@@ -236,6 +237,20 @@ impl ProviderTokenizer {
         self.encode(text, true, flaws)
     }
 
+    /// TGI's token list for `ids`: each id with its own text and its offsets in their
+    /// concatenation.
+    pub fn pieces(&self, ids: &[u32]) -> Vec<Value> {
+        let mut at = 0;
+        ids.iter()
+            .map(|id| {
+                let text = self.parsing.decode(&[*id], false).unwrap_or_default();
+                let start = at;
+                at += text.len();
+                json!({"id": id, "text": text, "start": start, "stop": at, "special": false})
+            })
+            .collect()
+    }
+
     /// The text of `ids` (`None` for an id outside the vocabulary).
     pub fn decode(&self, ids: &[u32]) -> Option<String> {
         let size = self.parsing.get_vocab_size(true) as u32;
@@ -283,6 +298,21 @@ pub fn answer(
     let window = context_window(flaws);
     match path {
         "/props" => Ok(json!({"default_generation_settings": {"n_ctx": window}})),
+        // TGI's: the window, the templated chat with its tokens, a text's tokens.
+        "/info" => Ok(json!({"max_total_tokens": window, "max_input_tokens": window / 2})),
+        "/chat_tokenize" => {
+            let messages = messages_of(body)?;
+            let ids = tokenizer.chat_ids(&messages, flaws);
+            Ok(json!({
+                "templated_text": tokenizer.render(&messages, flaws),
+                "tokenize_response": tokenizer.pieces(&ids),
+            }))
+        }
+        "/tokenize" if body.get("inputs").is_some() => {
+            let text = body["inputs"].as_str().ok_or("\"inputs\" must be a text")?;
+            let ids = tokenizer.prompt_ids(text, flaws);
+            Ok(Value::Array(tokenizer.pieces(&ids)))
+        }
         "/apply-template" => {
             let messages = messages_of(body)?;
             Ok(json!({"prompt": tokenizer.render(&messages, flaws)}))

@@ -12,7 +12,8 @@
 //!
 //! * [`super::ServerTokenizer`] (feature `openai`): the provider's own `/tokenize` and
 //!   `/detokenize` endpoints (vLLM-style, or llama.cpp's, whose template comes from
-//!   `/apply-template`) — what the server will do, exactly;
+//!   `/apply-template`, or TGI's `/chat_tokenize` and `/tokenize`) — what the server will do,
+//!   exactly;
 //! * [`super::LocalTokenizer`] (feature `local-tokenizer`): a provider described by its
 //!   `tokenizer.json` and chat template (the Hugging Face files), rendered with `minijinja` and
 //!   tokenized with `tokenizers`, as a server that applies the template and tokenizes the result

@@ -33,6 +33,14 @@ pub enum TokenizerApi {
     /// rendered prompt); `POST /detokenize` with `{"tokens"}` answering `{"content"}`; the
     /// context window from `GET /props` (`default_generation_settings.n_ctx`).
     LlamaCpp,
+    /// Hugging Face TGI's: `POST /chat_tokenize` with `{"model", "messages"}` answering
+    /// `{"templated_text", "tokenize_response": [{"id", "text", "start", "stop"}, …]}`;
+    /// `POST /tokenize` with `{"inputs", "add_special_tokens": false}` answering that list; the
+    /// context window from `GET /info` (`max_total_tokens`). TGI has no `/detokenize`: the text
+    /// of ids is read from the pieces (`text`) its answers gave for them, so `round_trip` checks
+    /// that the templated text tokenizes back to the chat's ids, and the pieces of ids it never
+    /// answered cannot be read (an error, and the check fails).
+    Tgi,
 }
 
 impl TokenizerApi {
@@ -40,6 +48,7 @@ impl TokenizerApi {
         match self {
             TokenizerApi::Vllm => "vllm",
             TokenizerApi::LlamaCpp => "llama.cpp",
+            TokenizerApi::Tgi => "tgi",
         }
     }
 }
@@ -58,6 +67,8 @@ pub struct ServerTokenizer {
     http: reqwest::Client,
     /// The server's own control tokens, as given ([`ServerTokenizer::control_tokens`]).
     own: Vec<String>,
+    /// TGI: the piece of every id its answers gave (it has no `/detokenize`).
+    pieces: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<u32, String>>>,
 }
 
 impl fmt::Debug for ServerTokenizer {
@@ -99,6 +110,7 @@ impl ServerTokenizer {
             model: model.into(),
             api_key: None,
             own: Vec::new(),
+            pieces: Default::default(),
             http: reqwest::Client::builder()
                 .connect_timeout(DEFAULT_CONNECT_TIMEOUT)
                 .timeout(TOKENIZER_TIMEOUT)
@@ -216,8 +228,46 @@ impl ServerTokenizer {
                 )
                 .await?
             }
+            TokenizerApi::Tgi => {
+                let answer = self
+                    .send(
+                        "/tokenize",
+                        Some(json!({"inputs": text, "add_special_tokens": false})),
+                    )
+                    .await?;
+                return self.tgi_ids(&answer);
+            }
         };
         ids_of(&answer)
+    }
+
+    /// The ids of a TGI token list (`[{"id", "text", …}]`), keeping each id's piece.
+    fn tgi_ids(&self, list: &Value) -> Result<Vec<u32>, RenderError> {
+        let tokens = list
+            .as_array()
+            .ok_or_else(|| RenderError("the answer is not a list of tokens".into()))?;
+        let mut ids = Vec::with_capacity(tokens.len());
+        let mut pieces = self
+            .pieces
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for t in tokens {
+            let id = t
+                .get("id")
+                .and_then(Value::as_u64)
+                .and_then(|id| u32::try_from(id).ok())
+                .ok_or_else(|| RenderError(format!("a token without an id: {t}")))?;
+            let text = t
+                .get("text")
+                .and_then(Value::as_str)
+                .ok_or_else(|| RenderError(format!("a token without its text: {t}")))?;
+            // Bounded: one piece per distinct id (a vocabulary's worth at most).
+            if pieces.len() < 1 << 20 {
+                pieces.entry(id).or_insert_with(|| text.to_string());
+            }
+            ids.push(id);
+        }
+        Ok(ids)
     }
 }
 
@@ -275,6 +325,32 @@ impl Tokenizer for ServerTokenizer {
                         context_window: window_of(answer.get("max_model_len")),
                     })
                 }
+                TokenizerApi::Tgi => {
+                    let answer = self
+                        .send(
+                            "/chat_tokenize",
+                            Some(json!({
+                                "model": self.model,
+                                "messages": ServerTokenizer::messages(prompt),
+                            })),
+                        )
+                        .await?;
+                    let ids =
+                        self.tgi_ids(answer.get("tokenize_response").unwrap_or(&Value::Null))?;
+                    let text = answer
+                        .get("templated_text")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| {
+                            RenderError("/chat_tokenize answered no \"templated_text\"".into())
+                        })?
+                        .to_string();
+                    let info = self.send("/info", None).await?;
+                    Ok(Chat {
+                        ids,
+                        text: Some(text),
+                        context_window: window_of(info.get("max_total_tokens")),
+                    })
+                }
                 TokenizerApi::LlamaCpp => {
                     let rendered = self
                         .send(
@@ -313,9 +389,26 @@ impl Tokenizer for ServerTokenizer {
 
     fn detokenize<'a>(&'a self, ids: &'a [u32]) -> TokenizerFuture<'a, String> {
         Box::pin(async move {
+            if self.api == TokenizerApi::Tgi {
+                let pieces = self
+                    .pieces
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                return ids
+                    .iter()
+                    .map(|id| {
+                        pieces.get(id).cloned().ok_or_else(|| {
+                            RenderError(format!(
+                                "TGI has no /detokenize, and no answer gave the text of id {id}"
+                            ))
+                        })
+                    })
+                    .collect();
+            }
             let (body, field) = match self.api {
                 TokenizerApi::Vllm => (json!({"model": self.model, "tokens": ids}), "prompt"),
                 TokenizerApi::LlamaCpp => (json!({"tokens": ids}), "content"),
+                TokenizerApi::Tgi => unreachable!("answered above"),
             };
             let answer = self.send("/detokenize", Some(body)).await?;
             answer
