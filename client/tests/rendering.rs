@@ -181,67 +181,36 @@ async fn each_rendering_failure_refuses_the_certification_before_any_call() {
     let t = TestDb::new().await;
     let db = t.conn().await;
     define_captions(&db).await;
-    // (llama.cpp parses control tokens in any prompt: its ParsesControlTokens case is raw
-    // input through it, flawed or not.)
-    let cases: [(&[Flaw], TokenizerApi, &str, &str); 9] = [
+    // Each flaw through each API. (llama.cpp parses control tokens in any prompt: its
+    // ParsesControlTokens case is raw input through it, flawed or not.)
+    let flaws: [(Flaw, &str, &str); 3] = [
         (
-            &[Flaw::DropsSystem],
-            TokenizerApi::Tgi,
+            Flaw::DropsSystem,
             "system_present",
             "system prompt is not in what the model receives",
         ),
         (
-            &[Flaw::SmallContext],
-            TokenizerApi::Tgi,
+            Flaw::SmallContext,
             "fits",
             "exceed the context window of 64",
         ),
         (
-            &[Flaw::ParsesControlTokens],
-            TokenizerApi::Tgi,
-            "control_tokens",
-            "reaches the model as that control token",
-        ),
-        (
-            &[Flaw::DropsSystem],
-            TokenizerApi::Vllm,
-            "system_present",
-            "system prompt is not in what the model receives",
-        ),
-        (
-            &[Flaw::DropsSystem],
-            TokenizerApi::LlamaCpp,
-            "system_present",
-            "system prompt is not in what the model receives",
-        ),
-        (
-            &[Flaw::SmallContext],
-            TokenizerApi::Vllm,
-            "fits",
-            "exceed the context window of 64",
-        ),
-        (
-            &[Flaw::SmallContext],
-            TokenizerApi::LlamaCpp,
-            "fits",
-            "exceed the context window of 64",
-        ),
-        (
-            &[Flaw::ParsesControlTokens],
-            TokenizerApi::Vllm,
-            "control_tokens",
-            "reaches the model as that control token",
-        ),
-        (
-            &[Flaw::ParsesControlTokens],
-            TokenizerApi::LlamaCpp,
+            Flaw::ParsesControlTokens,
             "control_tokens",
             "reaches the model as that control token",
         ),
     ];
-    for (i, (flaws, api, check, detail)) in cases.into_iter().enumerate() {
+    let apis = [
+        TokenizerApi::Vllm,
+        TokenizerApi::LlamaCpp,
+        TokenizerApi::Tgi,
+    ];
+    let cases = flaws
+        .iter()
+        .flat_map(|&(flaw, check, detail)| apis.map(|api| ([flaw], api, check, detail)));
+    for (i, (flaws, api, check, detail)) in cases.enumerate() {
         let name = format!("gpu-flawed-{i}");
-        let (server, client) = provider(&name, flaws).await;
+        let (server, client) = provider(&name, &flaws).await;
         // Only the flaw under test may fail: other inputs are neutralised.
         let suite = if check == "control_tokens" {
             raw_suite()
