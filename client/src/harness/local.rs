@@ -26,11 +26,12 @@ const TEMPLATE_FUEL: u64 = 1_000_000;
 /// ```
 /// # #[cfg(feature = "local-tokenizer")] {
 /// # use pg_intent_client::harness::LocalTokenizer;
-/// # fn files() -> (String, String) { unimplemented!() }
-/// # fn f() -> Result<(), pg_intent_client::harness::RenderError> {
-/// let (tokenizer_json, tokenizer_config_json) = files();
+/// # fn f() -> Result<(), Box<dyn std::error::Error>> {
+/// let tokenizer_json = std::fs::read_to_string("model/tokenizer.json")?;
+/// let tokenizer_config_json = std::fs::read_to_string("model/tokenizer_config.json")?;
 /// let tokenizer = LocalTokenizer::from_config(&tokenizer_json, &tokenizer_config_json)?
 ///     .context_window(8192);
+/// # let _ = tokenizer;
 /// # Ok(()) } }
 /// ```
 pub struct LocalTokenizer {
