@@ -14,7 +14,7 @@ mod db;
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-use db::TestDb;
+use db::{TestDb, define_captions};
 use pg_intent_client::harness::{
     self, ContractSuite, Delivery, Failure, OpenAiCompatible, Prompt, Provider, ProviderError,
     Request, RunError, RunHistory, RunOptions, Verdict,
@@ -28,14 +28,6 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 const CONTRACT: &str = captions::CONTRACT;
-
-/// The checker and the contract, as an administrator defines them.
-async fn define_captions(db: &Connection) {
-    db.batch_execute(captions::CHECKER_SQL).await.unwrap();
-    intent::define_contract(db, CONTRACT, &captions::schema(), Some(captions::CHECKER))
-        .await
-        .unwrap();
-}
 
 /// The suite production would run: the fixture's prompts, one case per subject.
 fn suite() -> ContractSuite {

@@ -13,13 +13,13 @@ mod db;
 
 use std::time::Duration;
 
-use db::TestDb;
+use db::{TestDb, define_captions};
+use pg_intent_client::Connection;
 use pg_intent_client::harness::{
     self, ContractSuite, DEFAULT_CONTROL_TOKENS, LocalTokenizer, OpenAiCompatible, Prompt,
-    RenderChecks, Report, RunOptions, ServerTokenizer, Tokenizer, TokenizerApi,
+    RenderCheck, RenderChecks, Report, RunOptions, ServerTokenizer, Tokenizer, TokenizerApi,
     neutralise_control_tokens, neutralise_with,
 };
-use pg_intent_client::{self as intent, Connection};
 use pg_intent_test_provider::tokenizer::{
     CHATML_TEMPLATE, CHATML_WITHOUT_SYSTEM, CONTROL_TOKENS, Flaw, ProviderTokenizer, tiny_tokenizer,
 };
@@ -27,13 +27,6 @@ use pg_intent_test_provider::{Mode, TestProvider, captions};
 use serde_json::{Value, json};
 
 const CONTRACT: &str = captions::CONTRACT;
-
-async fn define_captions(db: &Connection) {
-    db.batch_execute(captions::CHECKER_SQL).await.unwrap();
-    intent::define_contract(db, CONTRACT, &captions::schema(), Some(captions::CHECKER))
-        .await
-        .unwrap();
-}
 
 /// The production suite: the subject goes into the prompt as it came.
 fn raw_suite() -> ContractSuite {
@@ -109,6 +102,24 @@ fn assert_refused_by(report: &Report, check: &str, detail: &str) {
     );
 }
 
+/// The checks through `client`'s server tokenizer speaking `api`, told the tiny tokenizer's
+/// own control tokens (neither API lists them).
+fn server_checks(client: &OpenAiCompatible, api: TokenizerApi) -> RenderChecks {
+    RenderChecks::new(client.tokenizer(api).control_tokens(CONTROL_TOKENS))
+}
+
+/// The first failed rendering check of case `name`.
+#[track_caller]
+fn first_failed<'r>(report: &'r Report, name: &str) -> &'r RenderCheck {
+    let case = report
+        .cases
+        .iter()
+        .find(|c| c.name == name)
+        .expect("the case");
+    let rendering = case.rendering.as_ref().expect("checked");
+    rendering.first_failure().expect("a failed check")
+}
+
 /// A provider with the tokenizer endpoints, and its client.
 async fn provider(name: &str, flaws: &[Flaw]) -> (TestProvider, OpenAiCompatible) {
     let server = TestProvider::start(Mode::WellBehaved).await.unwrap();
@@ -132,7 +143,7 @@ async fn a_well_behaved_provider_is_certified_with_every_check_in_the_evidence()
     ] {
         let name = format!("gpu-good-{api:?}");
         let (server, client) = provider(&name, &[]).await;
-        let checks = RenderChecks::new(client.tokenizer(api).control_tokens(CONTROL_TOKENS));
+        let checks = server_checks(&client, api);
         let report = harness::run(&db, &client, &suite, &options(checks))
             .await
             .unwrap();
@@ -217,16 +228,9 @@ async fn each_rendering_failure_refuses_the_certification_before_any_call() {
         } else {
             neutralising_suite()
         };
-        let report = harness::run(
-            &db,
-            &client,
-            &suite,
-            &options(RenderChecks::new(
-                client.tokenizer(api).control_tokens(CONTROL_TOKENS),
-            )),
-        )
-        .await
-        .unwrap();
+        let report = harness::run(&db, &client, &suite, &options(server_checks(&client, api)))
+            .await
+            .unwrap();
         assert_refused_by(&report, check, detail);
         assert!(server.requests().is_empty(), "{flaws:?}: no chat call");
         assert_eq!(certifications(&db, &name).await, 0);
@@ -245,17 +249,12 @@ async fn a_tokenizer_that_loses_characters_is_caught() {
         &db,
         &client,
         &suite,
-        &options(RenderChecks::new(
-            client
-                .tokenizer(TokenizerApi::Vllm)
-                .control_tokens(CONTROL_TOKENS),
-        )),
+        &options(server_checks(&client, TokenizerApi::Vllm)),
     )
     .await
     .unwrap();
     assert!(!report.certified());
-    let brulee = report.cases.iter().find(|c| c.name == "brulee").unwrap();
-    let failed = brulee.rendering.as_ref().unwrap().first_failure().unwrap();
+    let failed = first_failed(&report, "brulee");
     assert_eq!(failed.name, "user_present", "{failed:?}");
     // llama.cpp's shows the rendered text: it does not survive tokenization.
     let (_server, client) = provider("gpu-lossy-llama", &[Flaw::Lossy]).await;
@@ -263,16 +262,11 @@ async fn a_tokenizer_that_loses_characters_is_caught() {
         &db,
         &client,
         &suite,
-        &options(RenderChecks::new(
-            client
-                .tokenizer(TokenizerApi::LlamaCpp)
-                .control_tokens(CONTROL_TOKENS),
-        )),
+        &options(server_checks(&client, TokenizerApi::LlamaCpp)),
     )
     .await
     .unwrap();
-    let brulee = report.cases.iter().find(|c| c.name == "brulee").unwrap();
-    let failed = brulee.rendering.as_ref().unwrap().first_failure().unwrap();
+    let failed = first_failed(&report, "brulee");
     assert_eq!(failed.name, "round_trip", "{failed:?}");
     assert!(failed.detail.contains("does not survive tokenization"));
     // The ASCII cases' text survives; but the neutraliser's word joiner (U+2060) is a
@@ -295,13 +289,7 @@ async fn neutralised_inputs_pass_where_raw_ones_fail() {
     let db = t.conn().await;
     define_captions(&db).await;
     let (_server, client) = provider("gpu-parses", &[Flaw::ParsesControlTokens]).await;
-    let checks = || {
-        RenderChecks::new(
-            client
-                .tokenizer(TokenizerApi::Vllm)
-                .control_tokens(CONTROL_TOKENS),
-        )
-    };
+    let checks = || server_checks(&client, TokenizerApi::Vllm);
     let raw = harness::run(&db, &client, &raw_suite(), &options(checks()))
         .await
         .unwrap();

@@ -7,7 +7,7 @@ mod db;
 
 use std::time::Duration;
 
-use db::TestDb;
+use db::{TestDb, define_captions};
 use pg_intent_client::harness::{
     self, ContractSuite, DEFAULT_CONTROL_TOKENS, LocalTokenizer, OpenAiCompatible, Prompt,
     RenderChecks, RequestLookup, RunOptions, Tokenizer, TokenizerApi, neutralise_control_tokens,
@@ -19,18 +19,6 @@ use pg_intent_test_provider::tokenizer::{CHATML_TEMPLATE, CONTROL_TOKENS, Flaw, 
 use pg_intent_test_provider::{Mode, TestProvider, captions};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-async fn define_captions(db: &Connection) {
-    db.batch_execute(captions::CHECKER_SQL).await.unwrap();
-    intent::define_contract(
-        db,
-        captions::CONTRACT,
-        &captions::schema(),
-        Some(captions::CHECKER),
-    )
-    .await
-    .unwrap();
-}
 
 fn options(checks: RenderChecks) -> RunOptions {
     RunOptions::default()

@@ -90,6 +90,21 @@ impl fmt::Display for OpenAiCompatible {
     }
 }
 
+/// The client a provider (and its [`super::ServerTokenizer`]) gets unless given one: it
+/// connects within [`DEFAULT_CONNECT_TIMEOUT`] and follows no redirect (every 3xx is the
+/// provider's answer: a 303 says it processed the request).
+///
+/// # Panics
+///
+/// If the TLS backend cannot be initialised (as `reqwest::Client::new` does).
+pub(super) fn default_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .connect_timeout(DEFAULT_CONNECT_TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("the TLS backend initialises")
+}
+
 /// `{base}/v1/chat/completions`, the query string kept at the end and the fragment dropped.
 fn endpoint_of(base_url: &str) -> String {
     let base = base_url.split_once('#').map_or(base_url, |(b, _)| b);
@@ -126,12 +141,7 @@ impl OpenAiCompatible {
             model: model.into(),
             api_key: None,
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
-            http: reqwest::Client::builder()
-                .connect_timeout(DEFAULT_CONNECT_TIMEOUT)
-                // Every 3xx is the provider's answer: a 303 says it processed the request.
-                .redirect(reqwest::redirect::Policy::none())
-                .build()
-                .expect("the TLS backend initialises"),
+            http: default_client(),
         }
     }
 

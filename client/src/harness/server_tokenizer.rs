@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::Prompt;
-use super::openai::{DEFAULT_CONNECT_TIMEOUT, OpenAiCompatible};
+use super::openai::{OpenAiCompatible, default_client};
 use super::redact::{scrub, url_secrets};
 use super::redact_url;
 use super::render::{Chat, RenderError, Tokenizer, TokenizerFuture};
@@ -111,12 +111,8 @@ impl ServerTokenizer {
             api_key: None,
             own: Vec::new(),
             pieces: Default::default(),
-            http: reqwest::Client::builder()
-                .connect_timeout(DEFAULT_CONNECT_TIMEOUT)
-                .timeout(TOKENIZER_TIMEOUT)
-                .redirect(reqwest::redirect::Policy::none())
-                .build()
-                .expect("the TLS backend initialises"),
+            // Each request is bounded by `send` itself (TOKENIZER_TIMEOUT), whatever the client.
+            http: default_client(),
         }
     }
 

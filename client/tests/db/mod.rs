@@ -40,3 +40,18 @@ impl Deref for TestDb {
         &self.0
     }
 }
+
+/// The captions contract (test provider fixture): its checker, then the contract, as an
+/// administrator defines them.
+pub async fn define_captions(db: &Connection) {
+    use pg_intent_test_provider::captions;
+    db.batch_execute(captions::CHECKER_SQL).await.unwrap();
+    pg_intent_client::define_contract(
+        db,
+        captions::CONTRACT,
+        &captions::schema(),
+        Some(captions::CHECKER),
+    )
+    .await
+    .unwrap();
+}
