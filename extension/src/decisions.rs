@@ -199,9 +199,13 @@ fn reconciled(
     let decision = input::required("decision", decision)?;
     let evidence = input::document("evidence", evidence)?;
     let Some((decision, left)) = RECONCILED.iter().find(|(d, _)| *d == decision) else {
+        let shown: String = decision.chars().take(100).collect();
         return Err(Refusal::bad_input(format!(
-            "decision must be completed, failed or abandoned, not {:?}",
-            decision.chars().take(100).collect::<String>()
+            "decision must be completed, failed or abandoned, not {shown:?}"
+        ))
+        .detail(format!(
+            "decision is {shown:?} ({} characters); attempt {attempt_id} was not looked at.",
+            decision.chars().count()
         ))
         .hint("Record only what was decided; an attempt left as it was needs no record."));
     };
