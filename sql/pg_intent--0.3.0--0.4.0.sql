@@ -1,12 +1,140 @@
--- pg_intent 0.3.0 → 0.4.0: reconciliations are recorded (docs/reference.md § 1.6).
+-- pg_intent 0.3.0 → 0.4.0: reconciliations are recorded (docs/reference.md § 1.6), and the
+-- distributed mode (docs/scale-out.md).
 --
 -- Run by ALTER EXTENSION pg_intent UPDATE. Rows are kept; the changes:
 --   * intent.event_kind admits 'reconciled';
 --   * intent.record_reconciliation (for intent_operator): records how an unknown attempt was
 --     decided and on what evidence, as a reconciled event; the unique partial index
---     events_one_reconciliation keeps it to one per attempt.
+--     events_one_reconciliation keeps it to one per attempt;
+--   * intent.distribute(), which refuses (55000) unless Citus is installed, and the view
+--     intent.lost_races, whose join to the winning attempt names the job too (same rows).
+--     Nothing else changes on a single node.
 
 \echo Use "ALTER EXTENSION pg_intent UPDATE TO '0.4.0'" to load this file. \quit
+
+CREATE OR REPLACE VIEW intent.lost_races WITH (security_invoker = true) AS
+SELECT a.job_id,
+       j.owner_id,
+       j.idempotency_key,
+       a.id AS late_attempt_id,
+       a.provider AS late_provider,
+       a.finished_at AS late_at,
+       a.result AS late_result,
+       j.completed_by AS winner_attempt_id,
+       w.provider AS winner_provider,
+       w.finished_at AS won_at,
+       j.result AS winning_result,
+       j.state AS job_state
+  FROM intent.attempts a
+  JOIN intent.jobs j ON j.id = a.job_id
+  -- The winner is an attempt of the same job (jobs_completed_by_is_own_attempt): saying so
+  -- lets Citus join on the distribution column, shard by shard.
+  LEFT JOIN intent.attempts w ON w.job_id = j.id AND w.id = j.completed_by
+ WHERE a.state = 'discarded';
+
+CREATE FUNCTION intent.distribute() RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $distribute$
+DECLARE
+    prepare constant text := $ddl$
+        ALTER TABLE intent.jobs DROP CONSTRAINT IF EXISTS jobs_contract_fkey;
+        ALTER TABLE intent.certifications DROP CONSTRAINT IF EXISTS certifications_contract_fkey;
+        ALTER TABLE intent.jobs DROP CONSTRAINT IF EXISTS jobs_owner_key_unique;
+        ALTER TABLE intent.attempts DROP CONSTRAINT attempts_pkey;
+        ALTER TABLE intent.attempts ADD CONSTRAINT attempts_pkey PRIMARY KEY (id, job_id);
+        COMMENT ON CONSTRAINT attempts_pkey ON intent.attempts IS
+            'The derived attempt id (with its job id, the distribution column).';
+        ALTER TABLE intent.events DROP CONSTRAINT events_pkey;
+        ALTER TABLE intent.events ADD CONSTRAINT events_pkey PRIMARY KEY (job_id, id);
+        COMMENT ON CONSTRAINT events_pkey ON intent.events IS
+            'Orders the log of one job (with its job id, the distribution column).';
+        ALTER POLICY jobs_owner_isolation ON intent.jobs
+            USING (owner_id = coalesce(intent.bound_owner(), owner_id))
+            WITH CHECK (owner_id = coalesce(intent.bound_owner(), owner_id));
+        ALTER POLICY attempts_owner_isolation ON intent.attempts
+            USING (owner_id = coalesce(intent.bound_owner(), owner_id))
+            WITH CHECK (owner_id = coalesce(intent.bound_owner(), owner_id));
+        ALTER POLICY events_owner_isolation ON intent.events
+            USING (owner_id = coalesce(intent.bound_owner(), owner_id))
+            WITH CHECK (owner_id = coalesce(intent.bound_owner(), owner_id));
+    $ddl$;
+    r record;
+    failed text;
+BEGIN
+    IF NOT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+        RAISE EXCEPTION 'intent.distribute() must be run by a superuser'
+            USING ERRCODE = '42501';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
+        RAISE EXCEPTION 'intent.distribute() needs Citus, and the extension citus is not installed in this database'
+            USING ERRCODE = '55000',
+                  DETAIL = 'Nothing was changed: pg_intent stays a single-node installation.',
+                  HINT = 'Add citus to shared_preload_libraries, CREATE EXTENSION citus, add the workers (citus_add_node), then call intent.distribute() on the coordinator.';
+    END IF;
+    IF EXISTS (SELECT FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                WHERE n.nspname = 'pg_catalog' AND c.relname = 'pg_dist_partition')
+       AND EXISTS (SELECT FROM pg_catalog.pg_dist_partition WHERE logicalrelid = 'intent.jobs'::pg_catalog.regclass) THEN
+        RETURN 'already distributed: nothing to do';
+    END IF;
+    IF NOT pg_catalog.citus_is_coordinator() THEN
+        RAISE EXCEPTION 'intent.distribute() must run on the Citus coordinator'
+            USING ERRCODE = '55000',
+                  DETAIL = 'This node is not the coordinator (citus_is_coordinator() is false). Nothing was changed.',
+                  HINT = 'Connect to the coordinator; on a fresh coordinator run citus_set_coordinator_host() first.';
+    END IF;
+    -- Every worker must have pg_intent at this version: its copy of the tables is the shell.
+    FOR r IN SELECT nodename, nodeport, success, result
+               FROM pg_catalog.run_command_on_workers(
+                    format($q$SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'pg_intent'$q$))
+    LOOP
+        IF NOT r.success OR r.result IS DISTINCT FROM
+               (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'pg_intent') THEN
+            RAISE EXCEPTION 'worker %:% does not have pg_intent at this version', r.nodename, r.nodeport
+                USING ERRCODE = '55000',
+                      DETAIL = format('The worker answered %s.', coalesce(r.result, 'nothing')),
+                      HINT = 'Install the same pg_intent on every node (CREATE EXTENSION pg_intent on the coordinator creates it on the workers), then call intent.distribute() again.';
+        END IF;
+    END LOOP;
+
+    -- The same changes here and on every worker's copy, in one distributed transaction: the
+    -- commands sent to the workers commit (two-phase) with this one, or not at all.
+    -- The calls run as intent_owner (SECURITY DEFINER), and Citus opens its connections to the
+    -- workers as the current user: intent_owner must be able to log in to the workers, from the
+    -- coordinator (pg_hba.conf, or a password in pg_dist_authinfo; docs/scale-out.md). Citus
+    -- propagates the change to every node.
+    ALTER ROLE intent_owner LOGIN;
+    -- Foreign keys to reference tables: Citus needs one connection per node for the rest.
+    PERFORM pg_catalog.set_config('citus.multi_shard_modify_mode', 'sequential', true);
+    EXECUTE prepare;
+    SELECT string_agg(format('%s:%s: %s', nodename, nodeport, result), '; ') INTO failed
+      FROM pg_catalog.run_command_on_workers(prepare) WHERE NOT success;
+    IF failed IS NOT NULL THEN
+        RAISE EXCEPTION 'intent.distribute() could not prepare a worker''s tables'
+            USING ERRCODE = '55000', DETAIL = failed;
+    END IF;
+
+    PERFORM pg_catalog.create_reference_table('intent.contracts');
+    PERFORM pg_catalog.create_reference_table('intent.certifications');
+    PERFORM pg_catalog.create_distributed_table('intent.jobs', 'id');
+    PERFORM pg_catalog.create_distributed_table('intent.attempts', 'job_id', colocate_with => 'intent.jobs');
+    PERFORM pg_catalog.create_distributed_table('intent.events', 'job_id', colocate_with => 'intent.jobs');
+    PERFORM pg_catalog.create_distributed_table('intent.retired_keys', 'id', colocate_with => 'intent.jobs');
+    ALTER TABLE intent.jobs ADD CONSTRAINT jobs_contract_fkey
+        FOREIGN KEY (contract) REFERENCES intent.contracts (name);
+    ALTER TABLE intent.certifications ADD CONSTRAINT certifications_contract_fkey
+        FOREIGN KEY (contract) REFERENCES intent.contracts (name);
+    RETURN 'distributed: jobs, attempts, events, retired_keys by job id (colocated); contracts, certifications as reference tables';
+END
+$distribute$;
+
+COMMENT ON FUNCTION intent.distribute() IS
+    'Turns this installation into a Citus one (run on the coordinator, as a superuser): jobs, attempts, events and retired_keys distributed by job id and colocated, contracts and certifications reference tables. Refuses with 55000 without Citus, changing nothing. docs/scale-out.md.';
+
+-- As sql/privileges.sql does for a fresh install: owned by intent_owner, nothing for PUBLIC
+-- (only a superuser can run it anyway).
+ALTER FUNCTION intent.distribute() OWNER TO intent_owner;
+REVOKE ALL ON FUNCTION intent.distribute() FROM PUBLIC;
 
 -- A wider CHECK: the existing rows satisfy it, and validating it reads intent.events once.
 ALTER DOMAIN intent.event_kind DROP CONSTRAINT event_kind_known;

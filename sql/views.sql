@@ -76,7 +76,9 @@ SELECT a.job_id,
        j.state AS job_state
   FROM intent.attempts a
   JOIN intent.jobs j ON j.id = a.job_id
-  LEFT JOIN intent.attempts w ON w.id = j.completed_by
+  -- The winner is an attempt of the same job (jobs_completed_by_is_own_attempt): saying so
+  -- lets Citus join on the distribution column, shard by shard.
+  LEFT JOIN intent.attempts w ON w.job_id = j.id AND w.id = j.completed_by
  WHERE a.state = 'discarded';
 COMMENT ON VIEW intent.lost_races IS
     'Results that arrived after the outcome was decided, side by side with the result that stands. Both really happened: reconcile side effects (refunds, cleanup) from here.';

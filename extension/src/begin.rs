@@ -132,6 +132,25 @@ fn begin(
             pg_intent_protocol::attempt_id(*job_id.as_bytes(), i64::from(attempt_no))
                 .expect("attempt_no is within 1..=max_attempts <= 65535"),
         );
+        if crate::dist::distributed() {
+            let deadline = crate::dist::start_attempt(
+                client,
+                attempt_id,
+                job_id,
+                &job.owner_id,
+                attempt_no,
+                provider,
+                job.version,
+                worker,
+                lease,
+            );
+            return Ok(Begun {
+                attempt_id,
+                attempt_no,
+                version: job.version,
+                deadline,
+            });
+        }
         let row = plans::first(plans::run(
             client,
             if crate::state::catalog_has_retry_at() {

@@ -152,6 +152,103 @@ static CLAIM: Statement = Statement {
     ],
 };
 
+/// Distributed, the candidates: a read on every shard (no lock: Citus cannot lock rows of
+/// many shards with SKIP LOCKED), merged on the coordinator, longest-waiting first; a bound
+/// session's own jobs only (the policies run on the workers, which do not know the binding).
+static CANDIDATES_DIST: Statement = Statement {
+    name: Name::ClaimCandidatesDist,
+    sql: "SELECT j.id FROM intent.jobs j
+           WHERE j.state = 'pending' AND j.attempt_count < j.max_attempts
+             AND coalesce(j.retry_at, j.updated_at) <= statement_timestamp()
+             AND ($1::text[] IS NULL OR j.provider = ANY ($1::text[]))
+             AND ($3::text IS NULL OR j.owner_id = $3)
+           ORDER BY coalesce(j.retry_at, j.updated_at)
+           LIMIT $2",
+    args: &[pg_sys::TEXTARRAYOID, pg_sys::INT4OID, pg_sys::TEXTOID],
+};
+
+/// Distributed, each candidate in turn: taken as the single-node claim takes it (the same
+/// conditions, read again under the lock), on its own shard, skipped if another transaction
+/// holds it.
+static TAKE_DIST: Statement = Statement {
+    name: Name::ClaimLockDist,
+    sql: "SELECT j.owner_id::text, j.attempt_count + 1, j.version::int8, j.provider::text, j.params, j.contract::text
+            FROM intent.jobs j
+           WHERE j.id = $1 AND j.state = 'pending' AND j.attempt_count < j.max_attempts
+             AND coalesce(j.retry_at, j.updated_at) <= statement_timestamp()
+             AND ($2::text[] IS NULL OR j.provider = ANY ($2::text[]))
+             FOR NO KEY UPDATE OF j SKIP LOCKED",
+    args: &[pg_sys::UUIDOID, pg_sys::TEXTARRAYOID],
+};
+
+/// How many candidates the distributed claim reads per job asked for: some may be taken by a
+/// concurrent claimer between the read and the lock.
+const CANDIDATES_PER_JOB: i32 = 2;
+
+/// `claim` in the distributed mode: each job taken is a single-shard lock, insert and update.
+fn claim_dist(
+    client: &mut pgrx::spi::SpiClient<'_>,
+    providers: Option<Vec<String>>,
+    worker: Option<&str>,
+    lease: Interval,
+    max_jobs: i32,
+) -> Vec<Claimed> {
+    let bound = crate::owner::bound_owner();
+    let candidates: Vec<Uuid> = plans::run(
+        client,
+        &CANDIDATES_DIST,
+        &[
+            providers.clone().into(),
+            max_jobs.saturating_mul(CANDIDATES_PER_JOB).into(),
+            bound.as_deref().into(),
+        ],
+    )
+    .map(|row| row.get::<Uuid>(1).ok().flatten().expect("ids are NOT NULL"))
+    .collect();
+    let mut claimed = Vec::new();
+    for job_id in candidates {
+        if claimed.len() >= max_jobs as usize {
+            break;
+        }
+        let Some(row) = plans::first(plans::run(
+            client,
+            &TAKE_DIST,
+            &[job_id.into(), providers.clone().into()],
+        )) else {
+            continue;
+        };
+        let owner: String = plans::must(&row, 1);
+        let attempt_no: i32 = plans::must(&row, 2);
+        let version: i64 = plans::must(&row, 3);
+        let provider: String = plans::must(&row, 4);
+        let params: Jsonb = row
+            .get::<CallJsonb>(5)
+            .ok()
+            .flatten()
+            .expect("params is NOT NULL")
+            .0;
+        let contract: Option<String> = plans::get(&row, 6);
+        let attempt_id = Uuid::from_bytes(
+            pg_intent_protocol::attempt_id(*job_id.as_bytes(), i64::from(attempt_no))
+                .expect("attempt_no is within 1..=max_attempts <= 65535"),
+        );
+        let deadline = crate::dist::start_attempt(
+            client, attempt_id, job_id, &owner, attempt_no, &provider, version, worker, lease,
+        );
+        claimed.push(Claimed {
+            job_id,
+            attempt_id,
+            attempt_no,
+            version,
+            deadline,
+            provider,
+            params,
+            contract,
+        });
+    }
+    claimed
+}
+
 /// One claimed attempt, copied out of SPI's memory.
 struct Claimed {
     job_id: Uuid,
@@ -215,6 +312,11 @@ fn claim(
             Refusal::bad_input(format!("max_jobs must be between 1 and {MAX_CLAIM}"))
                 .detail(format!("max_jobs is {max_jobs}.")),
         );
+    }
+    if crate::dist::distributed() {
+        return Ok(Spi::connect_mut(|client| {
+            claim_dist(client, providers, worker, lease, max_jobs)
+        }));
     }
     Ok(Spi::connect_mut(|client| {
         plans::run(

@@ -106,6 +106,16 @@ fn abandon(attempt_id: Option<Uuid>, reason: Option<&str>) -> Answer<()> {
             if !job.is_terminal() && job.attempt_count < job.max_attempts {
                 crate::claim::notify_claimable(&job.provider);
             }
+            if crate::dist::distributed() {
+                crate::dist::abandon(
+                    client,
+                    attempt_id,
+                    reason,
+                    attempt.state.as_str(),
+                    attempt.is_lapsed(),
+                );
+                return Ok(());
+            }
             plans::run(
                 client,
                 if crate::state::catalog_has_retry_at() {
@@ -302,6 +312,14 @@ fn cancel(job_id: Option<Uuid>, reason: Option<&str>) -> Answer<bool> {
             return Ok(false);
         }
         job::settle_open_attempt(client, &mut job, "cancel_job");
+        if crate::dist::distributed() {
+            return Ok(crate::dist::cancel(
+                client,
+                job_id,
+                reason,
+                job.state.as_str(),
+            ));
+        }
         let cancelled = plans::first(plans::run(
             client,
             &CANCEL,

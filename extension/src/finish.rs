@@ -182,6 +182,10 @@ fn complete(
             AttemptState::Failed if attempt.error_kind.as_deref() == Some(contract::VIOLATION) => {
                 return Ok(Completion::Rejected);
             }
+            AttemptState::Failed if crate::dist::distributed() => {
+                crate::dist::log_result_after_failure(client, attempt_id, job.id, result, version);
+                return Ok(Completion::Lost);
+            }
             AttemptState::Failed => {
                 plans::run(
                     client,
@@ -210,6 +214,21 @@ fn complete(
         {
             reject(client, &job, &attempt, name, &violation, result)?;
             return Ok(Completion::Rejected);
+        }
+        if crate::dist::distributed() {
+            let won = crate::dist::complete(
+                client,
+                attempt_id,
+                job.id,
+                result,
+                version,
+                state_before.as_str(),
+            );
+            return Ok(if won {
+                Completion::Won
+            } else {
+                Completion::Lost
+            });
         }
         let row = plans::first(plans::run(
             client,
@@ -279,11 +298,7 @@ fn fail(
             AttemptState::Started | AttemptState::Unknown | AttemptState::Abandoned => {}
         }
         if job.is_terminal() {
-            plans::run(
-                client,
-                &FAIL_ATTEMPT,
-                &[attempt_id.into(), error.into(), None::<Jsonb>.into()],
-            );
+            fail_attempt_row(client, attempt_id, error, None);
             log_late_failure(client, &job, &attempt, error);
             return Ok(job.state);
         }
@@ -312,6 +327,19 @@ fn reject(
     result: Jsonb,
 ) -> Answer<()> {
     let error = violation.to_error(contract).to_string();
+    if crate::dist::distributed() {
+        let error =
+            crate::dist::log_violation(client, attempt.id, job.id, &error, job.state.as_str());
+        if job.is_terminal() {
+            fail_attempt_row(client, attempt.id, error, Some(result));
+            return Ok(());
+        }
+        let retry = Retry {
+            retryable: true,
+            after: None,
+        };
+        return settle_failure(client, job, attempt, error, Some(result), retry).map(|_| ());
+    }
     let logged = plans::first(plans::run(
         client,
         &LOG_VIOLATION,
@@ -357,18 +385,18 @@ fn settle_failure(
     retry: Retry,
 ) -> Answer<JobState> {
     let was_open = attempt.state.is_open();
-    plans::run(
-        client,
-        &FAIL_ATTEMPT,
-        &[attempt.id.into(), error.into(), result.into()],
-    );
+    fail_attempt_row(client, attempt.id, error, result);
     // An abandoned attempt failing leaves the open attempt, if any, in charge of the job.
     let other_open = !was_open && job::open_attempt(client, job.id).is_some();
     let exhausted = job.attempt_count >= job.max_attempts;
     if !retry.retryable || (exhausted && !other_open) {
         let row = plans::first(plans::run(
             client,
-            &FAIL_JOB,
+            if crate::dist::distributed() {
+                &crate::dist::FAIL_JOB
+            } else {
+                &FAIL_JOB
+            },
             &[
                 attempt.id.into(),
                 job.id.into(),
@@ -391,7 +419,11 @@ fn settle_failure(
             };
             plans::run(
                 client,
-                &REOPEN_JOB,
+                if crate::dist::distributed() {
+                    &crate::dist::REOPEN_JOB
+                } else {
+                    &REOPEN_JOB
+                },
                 &[
                     job.id.into(),
                     retry.after.into(),
@@ -416,6 +448,10 @@ fn log_late_failure(
     attempt: &Attempt,
     error: Jsonb,
 ) {
+    if crate::dist::distributed() {
+        crate::dist::log_late_failure(client, attempt.id, job.id, error, attempt.state.as_str());
+        return;
+    }
     plans::run(
         client,
         &LOG_LATE_FAILURE,
@@ -430,6 +466,34 @@ fn log_late_failure(
 
 /// The job's state as the SPEC defines it: a running job whose open attempt ran out of lease
 /// is unknown.
+/// Records a definite failure on the attempt (FAIL_ATTEMPT; distributed, with its job id).
+fn fail_attempt_row(
+    client: &mut SpiClient<'_>,
+    attempt_id: Uuid,
+    error: Jsonb,
+    result: Option<Jsonb>,
+) {
+    if crate::dist::distributed() {
+        let job_id = crate::dist::job_of(attempt_id);
+        plans::run(
+            client,
+            &crate::dist::FAIL_ATTEMPT,
+            &[
+                attempt_id.into(),
+                error.into(),
+                result.into(),
+                job_id.into(),
+            ],
+        );
+    } else {
+        plans::run(
+            client,
+            &FAIL_ATTEMPT,
+            &[attempt_id.into(), error.into(), result.into()],
+        );
+    }
+}
+
 fn effective_state(client: &mut SpiClient<'_>, job: &Job) -> JobState {
     let lapsed = job.state == JobState::Running
         && job::open_attempt(client, job.id).is_some_and(|open| open.lapsed);

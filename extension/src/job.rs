@@ -110,6 +110,15 @@ impl Job {
 pub fn lock(client: &mut SpiClient<'_>, job_id: Uuid) -> Answer<Job> {
     let row = plans::first(plans::run(client, &LOCK_JOB, &[job_id.into()]))
         .ok_or_else(|| no_such_job(job_id))?;
+    // Distributed, the owner isolation policies run on the workers, which do not know this
+    // session's binding: every call on an existing job comes through here, so it is applied
+    // here, as the policy would (another owner's job does not exist).
+    if crate::dist::distributed() {
+        let owner: String = plans::must(&row, 7);
+        if crate::owner::bound_owner().is_some_and(|bound| bound != owner) {
+            return Err(no_such_job(job_id));
+        }
+    }
     Ok(Job {
         id: job_id,
         state: state::read(&row, 1),
@@ -173,8 +182,17 @@ impl Attempt {
 }
 
 pub fn read_attempt(client: &mut SpiClient<'_>, attempt_id: Uuid) -> Answer<Attempt> {
-    let row = plans::first(plans::run(client, &READ_ATTEMPT, &[attempt_id.into()]))
-        .ok_or_else(|| no_such_attempt(attempt_id))?;
+    let row = plans::first(if crate::dist::distributed() {
+        let job_id = crate::dist::job_of(attempt_id);
+        plans::run(
+            client,
+            &crate::dist::READ_ATTEMPT,
+            &[attempt_id.into(), job_id.into()],
+        )
+    } else {
+        plans::run(client, &READ_ATTEMPT, &[attempt_id.into()])
+    })
+    .ok_or_else(|| no_such_attempt(attempt_id))?;
     Ok(Attempt {
         id: attempt_id,
         state: state::read(&row, 1),
@@ -217,6 +235,9 @@ pub fn open_attempt(client: &mut SpiClient<'_>, job_id: Uuid) -> Option<OpenAtte
 /// Applies the deadline rule to one attempt (its job row must be locked): a started attempt
 /// past its deadline becomes unknown, for good. Returns whether it changed anything.
 pub fn settle_lapsed(client: &mut SpiClient<'_>, attempt_id: Uuid, noticed_by: &str) -> bool {
+    if crate::dist::distributed() {
+        return crate::dist::settle_lapsed(client, attempt_id, noticed_by);
+    }
     let row = plans::first(plans::run(
         client,
         &SETTLE_LAPSED,

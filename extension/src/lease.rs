@@ -93,7 +93,11 @@ fn mark_unknown(attempt_id: Option<Uuid>, reason: Option<&str>) -> Answer<()> {
         let (_job, attempt) = job::lock_for_attempt(client, attempt_id)?;
         // Already unknown, or already finished (the result beat the timer): nothing to do.
         if attempt.state == AttemptState::Started {
-            plans::run(client, &MARK_UNKNOWN, &[attempt_id.into(), reason.into()]);
+            if crate::dist::distributed() {
+                crate::dist::mark_unknown(client, attempt_id, reason);
+            } else {
+                plans::run(client, &MARK_UNKNOWN, &[attempt_id.into(), reason.into()]);
+            }
         }
         Ok(())
     })
@@ -127,11 +131,16 @@ fn heartbeat(attempt_id: Option<Uuid>, extend: Option<Interval>) -> Answer<bool>
             job::settle_lapsed(client, attempt_id, "heartbeat");
             return Ok(false);
         }
-        Ok(plans::first(plans::run(
-            client,
-            &HEARTBEAT,
-            &[attempt_id.into(), extend.into()],
-        ))
+        Ok(plans::first(if crate::dist::distributed() {
+            let job_id = crate::dist::job_of(attempt_id);
+            plans::run(
+                client,
+                &crate::dist::HEARTBEAT,
+                &[attempt_id.into(), extend.into(), job_id.into()],
+            )
+        } else {
+            plans::run(client, &HEARTBEAT, &[attempt_id.into(), extend.into()])
+        })
         .is_some())
     })
 }

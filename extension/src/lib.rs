@@ -29,6 +29,7 @@ pub extern "C-unwind" fn _PG_init() {
     owner::register();
     purge::register();
     claim::register();
+    dist::register();
 }
 
 mod batch;
@@ -38,6 +39,7 @@ mod claim;
 mod contract;
 mod decisions;
 mod direct;
+mod dist;
 mod entry;
 mod finish;
 mod ids;
@@ -93,6 +95,11 @@ extension_sql_file!(
     "../../sql/views.sql",
     name = "views",
     requires = ["attempts", "contracts", "isolation"]
+);
+extension_sql_file!(
+    "../../sql/distribute.sql",
+    name = "distribute",
+    requires = ["api", "contracts_api", "views", "isolation"]
 );
 extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);
 

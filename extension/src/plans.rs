@@ -73,11 +73,46 @@ pub enum Name {
     // submit.rs
     InsertJob,
     RunningLapsed,
+    // dist.rs (the distributed mode), submit.rs, claim.rs and purge.rs in that mode
+    FindJobDist,
+    FirstVersionDist,
+    ReadAttemptDist,
+    JobFactsDist,
+    LoggedDist,
+    InsertAttemptDist,
+    MarkRunningDist,
+    AttemptUnknownDist,
+    JobUnknownDist,
+    EventLapsedDist,
+    EventCallerTimeoutDist,
+    EventAbandonedDist,
+    EventCancelledDist,
+    EventLostDist,
+    EventResultAfterFailureDist,
+    EventViolationDist,
+    EventLateFailureDist,
+    HeartbeatDist,
+    AbandonAttemptDist,
+    JobPendingDist,
+    CancelJobDist,
+    OpenAttemptIdDist,
+    WinDist,
+    AttemptReturnedDist,
+    FailAttemptDist,
+    FailJobDist,
+    ReopenJobDist,
+    ClaimCandidatesDist,
+    ClaimLockDist,
+    PurgeCandidatesDist,
+    PurgeLockDist,
+    PurgeEventsDist,
+    PurgeJobDist,
+    RetireDist,
 }
 
 impl Name {
     /// How many statements there are.
-    pub const COUNT: usize = Name::RunningLapsed as usize + 1;
+    pub const COUNT: usize = Name::RetireDist as usize + 1;
 }
 
 /// One SQL statement of the protocol, with the types of its parameters.

@@ -66,6 +66,85 @@ static PURGE_BATCH: Statement = Statement {
     args: &[pg_sys::INTERVALOID, pg_sys::INT4OID],
 };
 
+/// Distributed, the candidates: read on every shard (Citus cannot lock rows of many shards
+/// with SKIP LOCKED), merged on the coordinator, oldest first.
+static CANDIDATES_DIST: Statement = Statement {
+    name: Name::PurgeCandidatesDist,
+    sql: "SELECT id FROM intent.jobs
+           WHERE created_at < statement_timestamp() - $1
+             AND updated_at < statement_timestamp() - $1
+             AND state IN ('succeeded', 'failed', 'cancelled')
+           ORDER BY created_at
+           LIMIT $2",
+    args: &[pg_sys::INTERVALOID, pg_sys::INT4OID],
+};
+
+/// Distributed, each candidate on its own shard: the same conditions read again under the lock,
+/// skipped if another transaction holds it.
+static LOCK_DIST: Statement = Statement {
+    name: Name::PurgeLockDist,
+    sql: "SELECT version::int8 FROM intent.jobs
+           WHERE id = $1
+             AND created_at < statement_timestamp() - $2
+             AND updated_at < statement_timestamp() - $2
+             AND state IN ('succeeded', 'failed', 'cancelled')
+             FOR UPDATE SKIP LOCKED",
+    args: &[pg_sys::UUIDOID, pg_sys::INTERVALOID],
+};
+
+static EVENTS_DIST: Statement = Statement {
+    name: Name::PurgeEventsDist,
+    sql: "DELETE FROM intent.events WHERE job_id = $1",
+    args: &[pg_sys::UUIDOID],
+};
+
+/// Its attempts go with it (ON DELETE CASCADE, on the same shard).
+static JOB_DIST: Statement = Statement {
+    name: Name::PurgeJobDist,
+    sql: "DELETE FROM intent.jobs WHERE id = $1",
+    args: &[pg_sys::UUIDOID],
+};
+
+static RETIRE_DIST: Statement = Statement {
+    name: Name::RetireDist,
+    sql: "INSERT INTO intent.retired_keys (id, version, retired_at)
+          VALUES ($1, $2, statement_timestamp())
+          ON CONFLICT (id) DO UPDATE SET version = excluded.version, retired_at = excluded.retired_at",
+    args: &[pg_sys::UUIDOID, pg_sys::INT8OID],
+};
+
+/// A purge batch in the distributed mode: each job removed is a single-shard transaction part.
+fn purge_dist(client: &mut pgrx::spi::SpiClient<'_>, retention: Interval, batch_size: i32) -> i64 {
+    let candidates: Vec<pgrx::Uuid> = plans::run(
+        client,
+        &CANDIDATES_DIST,
+        &[retention.into(), batch_size.into()],
+    )
+    .map(|row| {
+        row.get::<pgrx::Uuid>(1)
+            .ok()
+            .flatten()
+            .expect("ids are NOT NULL")
+    })
+    .collect();
+    let mut purged = 0;
+    for id in candidates {
+        let Some(row) = plans::first(plans::run(
+            client,
+            &LOCK_DIST,
+            &[id.into(), retention.into()],
+        )) else {
+            continue;
+        };
+        let version: i64 = plans::must(&row, 1);
+        plans::run(client, &EVENTS_DIST, &[id.into()]);
+        plans::run(client, &JOB_DIST, &[id.into()]);
+        plans::run(client, &RETIRE_DIST, &[id.into(), version.into()]);
+        purged += 1;
+    }
+    purged
+}
+
 crate::entry::sql_function!(
     intent_purge,
     pg_finfo_intent_purge,
@@ -114,6 +193,9 @@ fn purge(older_than: Option<Interval>, batch_size: Option<i32>) -> Answer<i64> {
             return Err(Refusal::bad_input("the retention must be positive")
                 .detail(format!("The retention is {retention}."))
                 .hint("Keep finished jobs longer than any client's retry window: after a purge the same key creates a new job."));
+        }
+        if crate::dist::distributed() {
+            return Ok(purge_dist(client, retention, batch_size));
         }
         let row = plans::first(plans::run(
             client,

@@ -1,0 +1,126 @@
+-- pg_intent: the distributed mode (docs/scale-out.md).
+--
+-- intent.distribute() turns a single-node installation into a Citus one, on the coordinator,
+-- after CREATE EXTENSION citus and pg_intent and citus_add_node for every worker. Every call
+-- touches one job's rows, found by its job id (an attempt id names its job), so the tables
+-- holding rows per job are distributed by the job id and colocated: a job, its attempts, its
+-- events and its tombstone live on one shard, and every call is a single-shard transaction.
+-- Contracts and certifications are small and read by every node: reference tables.
+--
+-- What must change first, on the coordinator and on every worker alike (Citus uses each
+-- worker's own copy of an extension's tables as the shell of the distributed table, so the
+-- workers' copies must have the same constraints and policies):
+--   * unique constraints must contain the distribution column: jobs_owner_key_unique goes
+--     (the primary key on the derived id, with jobs_id_derived, still admits one job per
+--     (owner_id, idempotency_key): the id is a function of the pair), and the primary keys of
+--     attempts and events gain job_id;
+--   * the foreign keys to contracts are dropped while contracts becomes a reference table
+--     (Citus would otherwise convert the whole foreign-key graph, dropping the extension's
+--     sequence of certifications) and added back after;
+--   * the owner isolation policies lose their sub-select, which Citus refuses in policies.
+--
+-- intent_owner, as whom the calls run, becomes a LOGIN role (still without a password and
+-- without superuser): Citus connects to the workers as the current user.
+--
+-- Refusals: 42501 unless a superuser calls it; 55000 (object_not_in_prerequisite_state)
+-- without Citus in this database, or on a node that is not the coordinator. A refusal
+-- changes nothing. On an installation already distributed it does nothing and says so.
+
+CREATE FUNCTION intent.distribute() RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $distribute$
+DECLARE
+    prepare constant text := $ddl$
+        ALTER TABLE intent.jobs DROP CONSTRAINT IF EXISTS jobs_contract_fkey;
+        ALTER TABLE intent.certifications DROP CONSTRAINT IF EXISTS certifications_contract_fkey;
+        ALTER TABLE intent.jobs DROP CONSTRAINT IF EXISTS jobs_owner_key_unique;
+        ALTER TABLE intent.attempts DROP CONSTRAINT attempts_pkey;
+        ALTER TABLE intent.attempts ADD CONSTRAINT attempts_pkey PRIMARY KEY (id, job_id);
+        COMMENT ON CONSTRAINT attempts_pkey ON intent.attempts IS
+            'The derived attempt id (with its job id, the distribution column).';
+        ALTER TABLE intent.events DROP CONSTRAINT events_pkey;
+        ALTER TABLE intent.events ADD CONSTRAINT events_pkey PRIMARY KEY (job_id, id);
+        COMMENT ON CONSTRAINT events_pkey ON intent.events IS
+            'Orders the log of one job (with its job id, the distribution column).';
+        ALTER POLICY jobs_owner_isolation ON intent.jobs
+            USING (owner_id = coalesce(intent.bound_owner(), owner_id))
+            WITH CHECK (owner_id = coalesce(intent.bound_owner(), owner_id));
+        ALTER POLICY attempts_owner_isolation ON intent.attempts
+            USING (owner_id = coalesce(intent.bound_owner(), owner_id))
+            WITH CHECK (owner_id = coalesce(intent.bound_owner(), owner_id));
+        ALTER POLICY events_owner_isolation ON intent.events
+            USING (owner_id = coalesce(intent.bound_owner(), owner_id))
+            WITH CHECK (owner_id = coalesce(intent.bound_owner(), owner_id));
+    $ddl$;
+    r record;
+    failed text;
+BEGIN
+    IF NOT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+        RAISE EXCEPTION 'intent.distribute() must be run by a superuser'
+            USING ERRCODE = '42501';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
+        RAISE EXCEPTION 'intent.distribute() needs Citus, and the extension citus is not installed in this database'
+            USING ERRCODE = '55000',
+                  DETAIL = 'Nothing was changed: pg_intent stays a single-node installation.',
+                  HINT = 'Add citus to shared_preload_libraries, CREATE EXTENSION citus, add the workers (citus_add_node), then call intent.distribute() on the coordinator.';
+    END IF;
+    IF EXISTS (SELECT FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                WHERE n.nspname = 'pg_catalog' AND c.relname = 'pg_dist_partition')
+       AND EXISTS (SELECT FROM pg_catalog.pg_dist_partition WHERE logicalrelid = 'intent.jobs'::pg_catalog.regclass) THEN
+        RETURN 'already distributed: nothing to do';
+    END IF;
+    IF NOT pg_catalog.citus_is_coordinator() THEN
+        RAISE EXCEPTION 'intent.distribute() must run on the Citus coordinator'
+            USING ERRCODE = '55000',
+                  DETAIL = 'This node is not the coordinator (citus_is_coordinator() is false). Nothing was changed.',
+                  HINT = 'Connect to the coordinator; on a fresh coordinator run citus_set_coordinator_host() first.';
+    END IF;
+    -- Every worker must have pg_intent at this version: its copy of the tables is the shell.
+    FOR r IN SELECT nodename, nodeport, success, result
+               FROM pg_catalog.run_command_on_workers(
+                    format($q$SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'pg_intent'$q$))
+    LOOP
+        IF NOT r.success OR r.result IS DISTINCT FROM
+               (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'pg_intent') THEN
+            RAISE EXCEPTION 'worker %:% does not have pg_intent at this version', r.nodename, r.nodeport
+                USING ERRCODE = '55000',
+                      DETAIL = format('The worker answered %s.', coalesce(r.result, 'nothing')),
+                      HINT = 'Install the same pg_intent on every node (CREATE EXTENSION pg_intent on the coordinator creates it on the workers), then call intent.distribute() again.';
+        END IF;
+    END LOOP;
+
+    -- The same changes here and on every worker's copy, in one distributed transaction: the
+    -- commands sent to the workers commit (two-phase) with this one, or not at all.
+    -- The calls run as intent_owner (SECURITY DEFINER), and Citus opens its connections to the
+    -- workers as the current user: intent_owner must be able to log in to the workers, from the
+    -- coordinator (pg_hba.conf, or a password in pg_dist_authinfo; docs/scale-out.md). Citus
+    -- propagates the change to every node.
+    ALTER ROLE intent_owner LOGIN;
+    -- Foreign keys to reference tables: Citus needs one connection per node for the rest.
+    PERFORM pg_catalog.set_config('citus.multi_shard_modify_mode', 'sequential', true);
+    EXECUTE prepare;
+    SELECT string_agg(format('%s:%s: %s', nodename, nodeport, result), '; ') INTO failed
+      FROM pg_catalog.run_command_on_workers(prepare) WHERE NOT success;
+    IF failed IS NOT NULL THEN
+        RAISE EXCEPTION 'intent.distribute() could not prepare a worker''s tables'
+            USING ERRCODE = '55000', DETAIL = failed;
+    END IF;
+
+    PERFORM pg_catalog.create_reference_table('intent.contracts');
+    PERFORM pg_catalog.create_reference_table('intent.certifications');
+    PERFORM pg_catalog.create_distributed_table('intent.jobs', 'id');
+    PERFORM pg_catalog.create_distributed_table('intent.attempts', 'job_id', colocate_with => 'intent.jobs');
+    PERFORM pg_catalog.create_distributed_table('intent.events', 'job_id', colocate_with => 'intent.jobs');
+    PERFORM pg_catalog.create_distributed_table('intent.retired_keys', 'id', colocate_with => 'intent.jobs');
+    ALTER TABLE intent.jobs ADD CONSTRAINT jobs_contract_fkey
+        FOREIGN KEY (contract) REFERENCES intent.contracts (name);
+    ALTER TABLE intent.certifications ADD CONSTRAINT certifications_contract_fkey
+        FOREIGN KEY (contract) REFERENCES intent.contracts (name);
+    RETURN 'distributed: jobs, attempts, events, retired_keys by job id (colocated); contracts, certifications as reference tables';
+END
+$distribute$;
+
+COMMENT ON FUNCTION intent.distribute() IS
+    'Turns this installation into a Citus one (run on the coordinator, as a superuser): jobs, attempts, events and retired_keys distributed by job id and colocated, contracts and certifications reference tables. Refuses with 55000 without Citus, changing nothing. docs/scale-out.md.';
