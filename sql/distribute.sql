@@ -55,6 +55,7 @@ DECLARE
     $ddl$;
     r record;
     failed text;
+    our_version text;
 BEGIN
     IF NOT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
         RAISE EXCEPTION 'intent.distribute() must be run by a superuser'
@@ -78,12 +79,22 @@ BEGIN
                   HINT = 'Connect to the coordinator; on a fresh coordinator run citus_set_coordinator_host() first.';
     END IF;
     -- Every worker must have pg_intent at this version: its copy of the tables is the shell.
+    -- CREATE EXTENSION on the coordinator creates it on the workers; an installation that
+    -- had pg_intent before it had Citus (a migration) gets it created on them here.
+    SELECT extversion INTO our_version FROM pg_catalog.pg_extension WHERE extname = 'pg_intent';
     FOR r IN SELECT nodename, nodeport, success, result
                FROM pg_catalog.run_command_on_workers(
-                    format($q$SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'pg_intent'$q$))
+                    $q$SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'pg_intent'$q$)
     LOOP
-        IF NOT r.success OR r.result IS DISTINCT FROM
-               (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'pg_intent') THEN
+        IF r.success AND r.result = '' THEN
+            SELECT m.success, m.result INTO r.success, r.result
+              FROM pg_catalog.master_run_on_worker(ARRAY[r.nodename], ARRAY[r.nodeport],
+                       ARRAY[format('SET citus.enable_ddl_propagation TO off; CREATE EXTENSION pg_intent VERSION %L', our_version)], false) m;
+            IF r.success THEN
+                r.result := our_version;
+            END IF;
+        END IF;
+        IF NOT r.success OR r.result IS DISTINCT FROM our_version THEN
             RAISE EXCEPTION 'worker %:% does not have pg_intent at this version', r.nodename, r.nodeport
                 USING ERRCODE = '55000',
                       DETAIL = format('The worker answered %s.', coalesce(r.result, 'nothing')),
@@ -91,8 +102,10 @@ BEGIN
         END IF;
     END LOOP;
 
-    -- The same changes here and on every worker's copy, in one distributed transaction: the
-    -- commands sent to the workers commit (two-phase) with this one, or not at all.
+    -- The same changes here and on every worker's copy. Citus runs the workers' part on
+    -- connections of their own, which commit at once: should anything below fail, the
+    -- workers' (unused) copies stay prepared while this node rolls back, and calling
+    -- distribute() again redoes both (every change can be made twice).
     -- The calls run as intent_owner (SECURITY DEFINER), and Citus opens its connections to the
     -- workers as the current user: intent_owner must be able to log in to the workers, from the
     -- coordinator (pg_hba.conf, or a password in pg_dist_authinfo; docs/scale-out.md). Citus

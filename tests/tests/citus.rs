@@ -1,0 +1,743 @@
+//! The distributed mode (docs/scale-out.md) on a real Citus cluster: a coordinator and two
+//! workers on loopback, started by this test, with `intent.distribute()` run in each test's
+//! database. What holds on one node must hold there: the four failure points, the storms (at a
+//! smaller size), owner isolation — and every call on one job is one single-shard transaction.
+//!
+//! The cluster needs a PostgreSQL whose library directory has `citus.so` and pg_intent
+//! installed: `PG_INTENT_CITUS_BIN` names its `bin` directory. Without it the Citus tests say
+//! that they skipped, and pass. (The refusal of `intent.distribute()` without Citus runs
+//! always, on the usual test server.)
+
+use pg_intent_tests::*;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+use tokio_postgres::{AsyncMessage, NoTls};
+
+const SKIPPED: &str = "skipped: no Citus (set PG_INTENT_CITUS_BIN=<bin directory of a PostgreSQL whose lib directory has citus.so and pg_intent>)";
+
+/// The Citus installation, from `PG_INTENT_CITUS_BIN`; None when the variable is unset. A set
+/// variable that names no Citus is a mistake, not a skip.
+fn citus_bin() -> Option<PathBuf> {
+    let bin = PathBuf::from(std::env::var_os("PG_INTENT_CITUS_BIN")?);
+    let out = Command::new(bin.join("pg_config"))
+        .arg("--pkglibdir")
+        .output()
+        .unwrap_or_else(|e| panic!("PG_INTENT_CITUS_BIN={}: no pg_config: {e}", bin.display()));
+    let lib = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        Path::new(&lib).join("citus.so").exists(),
+        "PG_INTENT_CITUS_BIN={}: {lib}/citus.so does not exist",
+        bin.display()
+    );
+    Some(bin)
+}
+
+struct Nodes {
+    coordinator: Cluster,
+    workers: Vec<Cluster>,
+}
+
+static NODES: OnceLock<Option<Nodes>> = OnceLock::new();
+/// Databases are set up one at a time: roles are cluster-wide and Citus propagates their
+/// changes to every node.
+static SETUP: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The 1+2 cluster, started once for the whole test binary; None without Citus.
+fn nodes() -> Option<&'static Nodes> {
+    NODES
+        .get_or_init(|| {
+            let bin = citus_bin()?;
+            let settings = [
+                ("shared_preload_libraries", "citus"),
+                ("max_prepared_transactions", "100"),
+                ("max_connections", "200"),
+            ];
+            let start = || Cluster::start_in(&bin, &settings);
+            Some(Nodes {
+                coordinator: start(),
+                workers: vec![start(), start()],
+            })
+        })
+        .as_ref()
+}
+
+/// A skip, said plainly, when there is no Citus.
+macro_rules! citus_or_skip {
+    () => {
+        match nodes() {
+            Some(n) => n,
+            None => {
+                eprintln!("{SKIPPED}");
+                return;
+            }
+        }
+    };
+}
+
+static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A new database on every node, Citus in each, the workers added, pg_intent created on the
+/// coordinator (Citus creates it on the workers) and distributed.
+async fn distributed_db(n: &'static Nodes, prefix: &str) -> Db<'static> {
+    let name = format!(
+        "{prefix}_{}_{}",
+        std::process::id(),
+        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    let _one_at_a_time = SETUP.lock().await;
+    for node in std::iter::once(&n.coordinator).chain(&n.workers) {
+        node.connect("postgres")
+            .await
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+        node.connect(&name)
+            .await
+            .batch_execute("CREATE EXTENSION citus")
+            .await
+            .unwrap();
+    }
+    let c = n.coordinator.connect(&name).await;
+    c.execute(
+        "SELECT citus_set_coordinator_host('127.0.0.1', $1)",
+        &[&i32::from(n.coordinator.port())],
+    )
+    .await
+    .unwrap();
+    for w in &n.workers {
+        c.execute(
+            "SELECT citus_add_node('127.0.0.1', $1)",
+            &[&i32::from(w.port())],
+        )
+        .await
+        .unwrap();
+    }
+    c.batch_execute("CREATE EXTENSION pg_intent").await.unwrap();
+    let answer: String = c
+        .query_one("SELECT intent.distribute()", &[])
+        .await
+        .unwrap_or_else(|e| panic!("intent.distribute(): {e:?}"))
+        .get(0);
+    assert!(answer.starts_with("distributed"), "{answer}");
+    Db {
+        cluster: &n.coordinator,
+        name,
+    }
+}
+
+/// A connection whose notices (Citus's `citus.log_remote_commands`) are kept.
+async fn connect_capturing(db: &Db<'_>) -> (Client, Arc<Mutex<Vec<String>>>) {
+    let (client, mut connection) = db.cluster.config(&db.name).connect(NoTls).await.unwrap();
+    let notices = Arc::new(Mutex::new(Vec::new()));
+    let kept = notices.clone();
+    tokio::spawn(async move {
+        while let Some(m) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            match m {
+                Ok(AsyncMessage::Notice(n)) => kept.lock().unwrap().push(format!(
+                    "{}\n{}",
+                    n.message(),
+                    n.detail().unwrap_or("")
+                )),
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    });
+    (client, notices)
+}
+
+/// What one call sent to the workers: the nodes (ports), the shard groups (a shard of every
+/// colocated table covering the same hash range is one group) and whether it committed in two
+/// phases.
+#[derive(Debug)]
+struct Routing {
+    ports: BTreeSet<String>,
+    groups: BTreeSet<String>,
+    two_phase: bool,
+    commands: usize,
+}
+
+async fn routing(c: &Client, notices: &[String]) -> Routing {
+    let mut ports = BTreeSet::new();
+    let mut shards = BTreeSet::new();
+    let mut two_phase = false;
+    let mut commands = 0;
+    for n in notices {
+        if !n.starts_with("issuing ") {
+            continue;
+        }
+        commands += 1;
+        two_phase |= n.contains("PREPARE TRANSACTION");
+        if let Some(at) = n.split("@127.0.0.1:").nth(1) {
+            ports.insert(at.split_whitespace().next().unwrap_or("").to_string());
+        }
+        for table in ["jobs", "attempts", "events", "retired_keys"] {
+            let marker = format!("intent.{table}_");
+            for part in n.split(&marker).skip(1) {
+                let digits: String = part.chars().take_while(char::is_ascii_digit).collect();
+                if !digits.is_empty() {
+                    shards.insert(digits.parse::<i64>().unwrap());
+                }
+            }
+        }
+    }
+    let mut groups = BTreeSet::new();
+    for shard in shards {
+        let row = c
+            .query_one(
+                "SELECT shardminvalue FROM pg_dist_shard WHERE shardid = $1",
+                &[&shard],
+            )
+            .await
+            .unwrap();
+        groups.insert(row.get::<_, String>(0));
+    }
+    Routing {
+        ports,
+        groups,
+        two_phase,
+        commands,
+    }
+}
+
+/// Runs `sql` with the remote commands logged; what it sent where.
+async fn routed(c: &Client, notices: &Arc<Mutex<Vec<String>>>, sql: &str) -> Routing {
+    c.batch_execute("SET citus.log_remote_commands = on")
+        .await
+        .unwrap();
+    notices.lock().unwrap().clear();
+    let result = c.batch_execute(sql).await;
+    c.batch_execute("RESET citus.log_remote_commands")
+        .await
+        .unwrap();
+    // The notices of a statement arrive before its result.
+    let seen = notices.lock().unwrap().clone();
+    if let Err(e) = result {
+        let code = SqlError::from_error(&e).code;
+        // Refusals are answers too (IJ001, IJ002 …): their routing counts as well.
+        assert!(code.starts_with("IJ"), "{sql}: {e:?}");
+    }
+    routing(c, &seen).await
+}
+
+#[tokio::test]
+async fn distribute_refuses_without_citus_and_changes_nothing() {
+    let db = Cluster::shared().fresh_db("citus_refusal").await;
+    let c = db.connect().await;
+    let catalog = "SELECT (SELECT string_agg(conname || ':' || pg_get_constraintdef(oid), ',' ORDER BY conname)
+                             FROM pg_constraint WHERE connamespace = 'intent'::regnamespace)
+                       || (SELECT string_agg(polname || ':' || pg_get_expr(polqual, polrelid), ',' ORDER BY polname)
+                             FROM pg_policy)
+                       || (SELECT rolcanlogin::text FROM pg_roles WHERE rolname = 'intent_owner')";
+    let before: String = c.query_one(catalog, &[]).await.unwrap().get(0);
+    let e = expect_error(&c, "SELECT intent.distribute()", &[]).await;
+    assert_eq!(e.code, "55000", "{e:?}");
+    assert!(e.message.contains("needs Citus"), "{e:?}");
+    let after: String = c.query_one(catalog, &[]).await.unwrap().get(0);
+    assert_eq!(before, after, "a refused distribute() changes nothing");
+    // And the single-node calls work as before.
+    let s = submit(&c, "u", "k", "p", &json!({})).await.unwrap();
+    assert!(s.created);
+}
+
+#[tokio::test]
+async fn every_call_on_a_job_is_one_single_shard_transaction() {
+    let n = citus_or_skip!();
+    let db = distributed_db(n, "citus_routing").await;
+    let (c, notices) = connect_capturing(&db).await;
+    let j = job_id_of("owner-r", "key-r");
+    let a1 = attempt_id_of(j, 1);
+    let a2 = attempt_id_of(j, 2);
+    let calls = [
+        format!("SELECT intent.submit_job('owner-r', 'key-r', 'p', '{{\"x\": 1}}')"),
+        format!("SELECT intent.submit_job('owner-r', 'key-r', 'p', '{{\"x\": 1}}')"),
+        format!("SELECT intent.submit_job('owner-r', 'key-r', 'p', '{{\"x\": 2}}')"),
+        format!("SELECT intent.begin_attempt('{j}', lease => '1 hour')"),
+        format!("SELECT intent.begin_attempt('{j}')"),
+        format!("SELECT intent.heartbeat('{a1}')"),
+        format!("SELECT intent.mark_unknown('{a1}', 'timer')"),
+        format!("SELECT intent.abandon_attempt('{a1}', 'operator')"),
+        format!("SELECT intent.begin_attempt('{j}')"),
+        format!("SELECT intent.fail_attempt('{a2}', 1, '{{\"e\": 1}}', true, '0 seconds')"),
+        format!("SELECT intent.complete_attempt('{a1}', 1, '{{\"r\": 1}}')"),
+        format!("SELECT intent.complete_attempt('{a1}', 1, '{{\"r\": 1}}')"),
+        format!("SELECT intent.fail_attempt('{a2}', 1, '{{\"late\": 1}}')"),
+        format!("SELECT intent.cancel_job('{j}')"),
+        format!("SELECT intent.submit_job('owner-r', 'key-r', 'p', '{{\"x\": 1}}')"),
+    ];
+    for sql in &calls {
+        let r = routed(&c, &notices, sql).await;
+        assert!(r.commands > 0, "{sql}: nothing was sent to a worker");
+        assert_eq!(r.ports.len(), 1, "{sql}: one node, got {r:?}");
+        assert_eq!(r.groups.len(), 1, "{sql}: one shard (group), got {r:?}");
+        assert!(
+            !r.two_phase,
+            "{sql}: a single-shard transaction commits in one phase"
+        );
+    }
+    let cancelled_job = job_id_of("owner-r", "key-c");
+    for sql in [
+        format!("SELECT intent.submit_job('owner-r', 'key-c', 'p', '{{}}')"),
+        format!("SELECT intent.cancel_job('{cancelled_job}', 'withdrawn')"),
+    ] {
+        let r = routed(&c, &notices, &sql).await;
+        assert_eq!((r.ports.len(), r.groups.len()), (1, 1), "{sql}: {r:?}");
+    }
+    // Maintenance and the views read every shard, by design (SPEC § Scale-out).
+    for _ in 0..20 {
+        let k = format!(
+            "fan-{}",
+            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        submit(&c, "owner-r", &k, "p", &json!({})).await.unwrap();
+    }
+    for sql in [
+        "SELECT * FROM intent.claim_attempts(max_jobs => 5)",
+        "SELECT count(*) FROM intent.jobs_by_state",
+        "SELECT intent.sweep()",
+    ] {
+        let r = routed(&c, &notices, sql).await;
+        assert!(r.groups.len() > 1, "{sql} fans out: {r:?}");
+    }
+    // The plan Citus makes for a job's row: one task, on the shard its id hashes to.
+    let plan: Vec<String> = c
+        .query(
+            &format!("EXPLAIN (COSTS OFF) SELECT state FROM intent.jobs WHERE id = '{j}' FOR NO KEY UPDATE"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        plan.iter().any(|l| l.trim() == "Task Count: 1"),
+        "{plan:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn double_click_makes_one_job() {
+    let n = citus_or_skip!();
+    let db = distributed_db(n, "citus_double_click").await;
+    let clients = db.connect_many(24, "citus_double_click").await;
+    let observer = db.connect().await;
+    for round in 0..4 {
+        let (owner, key) = (format!("user-{round}"), format!("click-{round}"));
+        let answers = stampede(&clients, |_, c| {
+            let (owner, key) = (owner.clone(), key.clone());
+            async move { submit(&c, &owner, &key, "gpu", &json!({"seed": 42})).await }
+        })
+        .await;
+        let answers: Vec<Submitted> = answers.into_iter().map(|a| a.unwrap()).collect();
+        assert!(answers.iter().all(|a| a.job_id == job_id_of(&owner, &key)));
+        assert_eq!(answers.iter().filter(|a| a.created).count(), 1);
+        let rows: i64 = observer
+            .query_one(
+                "SELECT count(*) FROM intent.jobs WHERE owner_id = $1 AND idempotency_key = $2",
+                &[&owner, &key],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(rows, 1, "one row per intent, without jobs_owner_key_unique");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn same_key_different_input_is_refused_and_writes_nothing() {
+    let n = citus_or_skip!();
+    let db = distributed_db(n, "citus_same_key").await;
+    let c = db.connect().await;
+    let first = submit(&c, "u", "order-1", "gpu", &json!({"n": 1}))
+        .await
+        .unwrap();
+    let before = job_row(&c, first.job_id).await;
+    let e = refusal(
+        submit(&c, "u", "order-1", "gpu", &json!({"n": 2})).await,
+        "IJ001",
+    );
+    assert!(
+        e.detail.as_deref().unwrap_or("").contains("params"),
+        "{e:?}"
+    );
+    let e = refusal(
+        submit(&c, "u", "order-1", "cpu", &json!({"n": 1})).await,
+        "IJ001",
+    );
+    assert!(
+        e.detail.as_deref().unwrap_or("").contains("provider"),
+        "{e:?}"
+    );
+    assert_eq!(
+        job_row(&c, first.job_id).await,
+        before,
+        "a refusal writes nothing"
+    );
+    // Two different inputs at the same instant: one wins, the other is refused, never both.
+    let clients = db.connect_many(16, "citus_same_key").await;
+    let answers = stampede(&clients, |i, c| async move {
+        submit(&c, "u", "order-2", "gpu", &json!({"n": i % 2})).await
+    })
+    .await;
+    let created: Vec<&Submitted> = answers
+        .iter()
+        .filter_map(|a| a.as_ref().ok())
+        .filter(|s| s.created)
+        .collect();
+    assert_eq!(created.len(), 1);
+    let winner = job_row(&c, created[0].job_id).await.params;
+    for (i, a) in answers.iter().enumerate() {
+        match a {
+            Ok(_) => assert_eq!(
+                json!({"n": i % 2}),
+                winner,
+                "a replay carries the winner's input"
+            ),
+            Err(e) => assert_eq!(SqlError::from_error(e).code, "IJ001"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_timeout_is_unknown_never_failed() {
+    let n = citus_or_skip!();
+    let db = distributed_db(n, "citus_timeout").await;
+    let c = db.connect().await;
+    let job = submit(&c, "u", "slow", "gpu", &json!({}))
+        .await
+        .unwrap()
+        .job_id;
+    let a = begin(&c, job, None, "200 milliseconds").await.unwrap();
+    wait_past_deadline(&c, a.attempt_id).await;
+    // Nothing has written the timeout yet: the deadline rule holds anyway.
+    assert_eq!(
+        submit(&c, "u", "slow", "gpu", &json!({}))
+            .await
+            .unwrap()
+            .state,
+        "unknown"
+    );
+    let e = refusal(begin(&c, job, None, "30 seconds").await, "IJ003");
+    assert!(e.message.contains("unknown"), "{e:?}");
+    assert!(
+        !heartbeat(&c, a.attempt_id, None).await.unwrap(),
+        "a lapsed lease is never revived"
+    );
+    assert_eq!(attempt_row(&c, a.attempt_id).await.state, "unknown");
+    assert_eq!(job_row(&c, job).await.state, "unknown");
+    let events = event_rows(&c, job).await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].kind, "timeout");
+    assert_eq!(events[0].detail["cause"], "lease_expired");
+    // The provider did answer after all: the unknown attempt may still win.
+    assert_eq!(
+        complete(&c, a.attempt_id, a.version, &json!({"ok": 1}))
+            .await
+            .unwrap(),
+        "won"
+    );
+    assert_eq!(job_row(&c, job).await.state, "succeeded");
+    assert_eq!(sweep(&c).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn results_finishing_in_reverse_order_keep_the_first_winner() {
+    let n = citus_or_skip!();
+    let db = distributed_db(n, "citus_reverse").await;
+    let c = db.connect().await;
+    let job = submit(&c, "u", "race", "gpu", &json!({}))
+        .await
+        .unwrap()
+        .job_id;
+    let first = begin(&c, job, None, "30 seconds").await.unwrap();
+    mark_unknown(&c, first.attempt_id, Some("client timeout"))
+        .await
+        .unwrap();
+    abandon(&c, first.attempt_id, "retry it").await.unwrap();
+    let second = begin(&c, job, None, "30 seconds").await.unwrap();
+    assert_eq!(second.attempt_no, 2);
+    assert_eq!(
+        complete(&c, second.attempt_id, second.version, &json!({"by": 2}))
+            .await
+            .unwrap(),
+        "won"
+    );
+    assert_eq!(
+        complete(&c, first.attempt_id, first.version, &json!({"by": 1}))
+            .await
+            .unwrap(),
+        "lost"
+    );
+    assert_eq!(
+        complete(&c, first.attempt_id, first.version, &json!({"by": 1}))
+            .await
+            .unwrap(),
+        "lost",
+        "asked again: the same answer"
+    );
+    let row = job_row(&c, job).await;
+    assert_eq!(
+        (row.state.as_str(), row.result, row.completed_by),
+        ("succeeded", Some(json!({"by": 2})), Some(second.attempt_id))
+    );
+    assert_eq!(attempt_row(&c, first.attempt_id).await.state, "discarded");
+    let kinds: Vec<String> = event_rows(&c, job)
+        .await
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(kinds, ["timeout", "abandoned", "late_result"]);
+    let late = event_rows(&c, job).await.pop().unwrap();
+    assert_eq!(late.detail["winner"], json!(second.attempt_id.to_string()));
+    assert_eq!(late.detail["current_version"], json!(2));
+    let lost: i64 = c
+        .query_one(
+            "SELECT count(*) FROM intent.lost_races WHERE job_id = $1 AND winner_provider = 'gpu'",
+            &[&job],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        lost, 1,
+        "lost_races shows the late result beside the winner"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn storms_of_lifecycles_and_claims_keep_every_invariant() {
+    let n = citus_or_skip!();
+    let db = distributed_db(n, "citus_storm").await;
+    let clients = db.connect_many(12, "citus_storm").await;
+    const KEYS: usize = 30;
+    // Every client runs every intent (shifted), racing the others on submit, begin, complete.
+    let answers = stampede(&clients, |i, c| async move {
+        let mut won = 0;
+        for k in 0..KEYS {
+            let key = format!("storm-{}", (k + i) % KEYS);
+            let job = submit(&c, "storm", &key, "gpu", &json!({"k": key}))
+                .await
+                .unwrap()
+                .job_id;
+            let Ok(a) = begin(&c, job, None, "30 seconds").await else {
+                continue;
+            };
+            if complete(&c, a.attempt_id, a.version, &json!({"by": i}))
+                .await
+                .unwrap()
+                == "won"
+            {
+                won += 1;
+            }
+        }
+        won
+    })
+    .await;
+    assert_eq!(
+        answers.iter().sum::<usize>(),
+        KEYS,
+        "exactly one winner per intent"
+    );
+    let c = db.connect().await;
+    let bad: i64 = c
+        .query_one(
+            "SELECT count(*) FROM intent.jobs j
+              WHERE j.owner_id = 'storm' AND (j.state <> 'succeeded' OR j.attempt_count <>
+                    (SELECT count(*) FROM intent.attempts a WHERE a.job_id = j.id)
+                 OR (SELECT count(*) FROM intent.attempts a WHERE a.job_id = j.id AND a.state = 'succeeded') <> 1)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(bad, 0);
+    // Claimers race over a queue: disjoint jobs, every job claimed once.
+    for k in 0..60 {
+        submit(&c, "queue", &format!("q-{k}"), "gpu", &json!({}))
+            .await
+            .unwrap();
+    }
+    let claims = stampede(&clients, |_, c| async move {
+        let mut mine = Vec::new();
+        for _ in 0..20 {
+            let rows = c
+                .query(
+                    "SELECT job_id FROM intent.claim_attempts(ARRAY['gpu'], 'w', '30 seconds', 3)",
+                    &[],
+                )
+                .await
+                .unwrap();
+            mine.extend(rows.iter().map(|r| r.get::<_, Uuid>(0)));
+        }
+        mine
+    })
+    .await;
+    let all: Vec<Uuid> = claims.into_iter().flatten().collect();
+    let distinct: BTreeSet<Uuid> = all.iter().copied().collect();
+    assert_eq!(all.len(), distinct.len(), "no job claimed twice");
+    assert_eq!(distinct.len(), 60, "every job claimed");
+}
+
+#[tokio::test]
+async fn a_bound_session_acts_for_its_owner_only() {
+    let n = citus_or_skip!();
+    let db = distributed_db(n, "citus_owners").await;
+    let c = db.connect().await;
+    let theirs = submit(&c, "tenant-b", "b-1", "gpu", &json!({}))
+        .await
+        .unwrap()
+        .job_id;
+    let their_attempt = begin(&c, theirs, None, "30 seconds").await.unwrap();
+    submit(&c, "tenant-b", "b-2", "gpu", &json!({}))
+        .await
+        .unwrap();
+    // A gateway's binding, per transaction.
+    let bound = db.connect().await;
+    let bind = "BEGIN; SELECT set_config('intent.owner_id', 'tenant-a', true)";
+    bound.batch_execute(bind).await.unwrap();
+    let e = refusal(
+        submit(&bound, "tenant-b", "b-3", "gpu", &json!({})).await,
+        "42501",
+    );
+    assert!(e.message.contains("tenant-a"), "{e:?}");
+    bound.batch_execute("ROLLBACK").await.unwrap();
+    for sql in [
+        format!("SELECT intent.begin_attempt('{theirs}')"),
+        format!("SELECT intent.cancel_job('{theirs}')"),
+        format!("SELECT intent.heartbeat('{}')", their_attempt.attempt_id),
+        format!("SELECT intent.mark_unknown('{}')", their_attempt.attempt_id),
+        format!(
+            "SELECT intent.complete_attempt('{}', 1, '{{}}')",
+            their_attempt.attempt_id
+        ),
+        format!(
+            "SELECT intent.fail_attempt('{}', 1, '{{}}')",
+            their_attempt.attempt_id
+        ),
+    ] {
+        bound.batch_execute(bind).await.unwrap();
+        let e = expect_error(&bound, &sql, &[]).await;
+        assert_eq!(
+            e.code, "IJ007",
+            "{sql}: another owner's job does not exist: {e:?}"
+        );
+        bound.batch_execute("ROLLBACK").await.unwrap();
+    }
+    bound.batch_execute(bind).await.unwrap();
+    let mine = submit(&bound, "tenant-a", "a-1", "gpu", &json!({}))
+        .await
+        .unwrap();
+    assert!(mine.created);
+    let claimed: Vec<Uuid> = bound
+        .query(
+            "SELECT job_id FROM intent.claim_attempts(max_jobs => 10)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        claimed,
+        [mine.job_id],
+        "a bound claimer takes its own owner's jobs only"
+    );
+    bound.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(job_row(&c, theirs).await.state, "running", "untouched");
+    assert_eq!(
+        attempt_row(&c, their_attempt.attempt_id).await.state,
+        "started"
+    );
+}
+
+#[tokio::test]
+async fn an_existing_installation_is_migrated_with_its_rows() {
+    let n = citus_or_skip!();
+    let name = format!("citus_migrate_{}", std::process::id());
+    let _one_at_a_time = SETUP.lock().await;
+    for node in std::iter::once(&n.coordinator).chain(&n.workers) {
+        node.connect("postgres")
+            .await
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+    }
+    // A single-node installation with rows in every table...
+    let c = n.coordinator.connect(&name).await;
+    c.batch_execute("CREATE EXTENSION pg_intent").await.unwrap();
+    let done = submit(&c, "u", "done", "gpu", &json!({}))
+        .await
+        .unwrap()
+        .job_id;
+    let a = begin(&c, done, None, "30 seconds").await.unwrap();
+    complete(&c, a.attempt_id, a.version, &json!({"r": 1}))
+        .await
+        .unwrap();
+    let open = submit(&c, "u", "open", "gpu", &json!({}))
+        .await
+        .unwrap()
+        .job_id;
+    let running = begin(&c, open, None, "1 hour").await.unwrap();
+    mark_unknown(&c, running.attempt_id, Some("t"))
+        .await
+        .unwrap();
+    // ...then Citus, the workers, and distribute().
+    for node in std::iter::once(&n.coordinator).chain(&n.workers) {
+        node.connect(&name)
+            .await
+            .batch_execute("CREATE EXTENSION citus")
+            .await
+            .unwrap();
+    }
+    c.execute(
+        "SELECT citus_set_coordinator_host('127.0.0.1', $1)",
+        &[&i32::from(n.coordinator.port())],
+    )
+    .await
+    .unwrap();
+    for w in &n.workers {
+        c.execute(
+            "SELECT citus_add_node('127.0.0.1', $1)",
+            &[&i32::from(w.port())],
+        )
+        .await
+        .unwrap();
+    }
+    let answer: String = c
+        .query_one("SELECT intent.distribute()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(answer.starts_with("distributed"), "{answer}");
+    drop(_one_at_a_time);
+    let c = n.coordinator.connect(&name).await;
+    // The rows are on the shards, and the calls carry on where they were.
+    let replay = submit(&c, "u", "done", "gpu", &json!({})).await.unwrap();
+    assert_eq!(
+        (replay.created, replay.state.as_str(), replay.result),
+        (false, "succeeded", Some(json!({"r": 1})))
+    );
+    assert_eq!(event_rows(&c, open).await.len(), 1);
+    assert_eq!(
+        complete(
+            &c,
+            running.attempt_id,
+            running.version,
+            &json!({"late": true})
+        )
+        .await
+        .unwrap(),
+        "won"
+    );
+    assert_eq!(
+        c.query_one("SELECT intent.distribute()", &[])
+            .await
+            .unwrap()
+            .get::<_, String>(0),
+        "already distributed: nothing to do"
+    );
+}
