@@ -45,6 +45,26 @@ other_majors() {
   use_major "$DEFAULT_MAJOR"
 }
 
+# The distributed mode on a real Citus cluster (tests/tests/citus.rs: a coordinator and two
+# workers on loopback) when PG_INTENT_CITUS_BIN names the bin directory of a PostgreSQL of the
+# default major whose library directory has citus.so (Citus is not built or installed here).
+# This build of pg_intent is copied into it first, as major_upgrade does (one build serves
+# every minor of a major).
+citus() {
+  if [ -z "${PG_INTENT_CITUS_BIN:-}" ]; then
+    log "the distributed mode (Citus): skipped: no Citus (set PG_INTENT_CITUS_BIN=<bin directory of a PostgreSQL $DEFAULT_MAJOR whose lib directory has citus.so>)"
+    return
+  fi
+  local cfg="$PG_INTENT_CITUS_BIN/pg_config"
+  [ -x "$cfg" ] || die "PG_INTENT_CITUS_BIN=$PG_INTENT_CITUS_BIN: no pg_config there"
+  [ -f "$("$cfg" --pkglibdir)/citus.so" ] || die "PG_INTENT_CITUS_BIN=$PG_INTENT_CITUS_BIN: no citus.so in $("$cfg" --pkglibdir)"
+  [[ "$("$cfg" --version)" == "PostgreSQL $DEFAULT_MAJOR."* ]] || die "PG_INTENT_CITUS_BIN: not PostgreSQL $DEFAULT_MAJOR"
+  as_root cp "$("$PG_CONFIG" --pkglibdir)/pg_intent.so" "$("$cfg" --pkglibdir)/"
+  as_root cp "$("$PG_CONFIG" --sharedir)"/extension/pg_intent* "$("$cfg" --sharedir)/extension/"
+  log "the distributed mode on a real Citus cluster ($("$cfg" --version), 1 coordinator + 2 workers on loopback)"
+  PG_INTENT_CITUS_BIN="$PG_INTENT_CITUS_BIN" cargo test -q -p pg_intent_tests --test citus -- --test-threads=2
+}
+
 # pg_upgrade from the default major to pgrx.toml's upgrade_to, with a job in every state
 # (tests/tests/pg_upgrade.rs), then the four failure points on the upgraded cluster.
 major_upgrade() {
@@ -114,7 +134,10 @@ log "the memory-checking pass (valgrind memcheck on the server)"
 bash "$ROOT/scripts/valgrind.sh"
 
 log "integration tests (real clusters, real concurrent connections)"
-cargo test -q -p pg_intent_tests -- --test-threads=1
+# (The Citus tests say they skipped here; citus, below, runs them on the Citus server.)
+env -u PG_INTENT_CITUS_BIN cargo test -q -p pg_intent_tests -- --test-threads=1
+
+citus
 
 log "HTTP gateway tests (real HTTP, real cluster)"
 cargo test -q -p pg_intent_gateway

@@ -127,6 +127,11 @@ BEGIN
     PERFORM pg_catalog.create_distributed_table('intent.attempts', 'job_id', colocate_with => 'intent.jobs');
     PERFORM pg_catalog.create_distributed_table('intent.events', 'job_id', colocate_with => 'intent.jobs');
     PERFORM pg_catalog.create_distributed_table('intent.retired_keys', 'id', colocate_with => 'intent.jobs');
+    -- Rows that were here (a migration) were copied to the shards; the coordinator's shells
+    -- would keep the originals on disk, unseen.
+    PERFORM pg_catalog.truncate_local_data_after_distributing_table(t)
+       FROM unnest(ARRAY['intent.events', 'intent.attempts', 'intent.retired_keys', 'intent.jobs',
+                         'intent.certifications', 'intent.contracts']::pg_catalog.regclass[]) t;
     ALTER TABLE intent.jobs ADD CONSTRAINT jobs_contract_fkey
         FOREIGN KEY (contract) REFERENCES intent.contracts (name);
     ALTER TABLE intent.certifications ADD CONSTRAINT certifications_contract_fkey

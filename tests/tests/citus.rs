@@ -251,9 +251,9 @@ async fn every_call_on_a_job_is_one_single_shard_transaction() {
     let a1 = attempt_id_of(j, 1);
     let a2 = attempt_id_of(j, 2);
     let calls = [
-        format!("SELECT intent.submit_job('owner-r', 'key-r', 'p', '{{\"x\": 1}}')"),
-        format!("SELECT intent.submit_job('owner-r', 'key-r', 'p', '{{\"x\": 1}}')"),
-        format!("SELECT intent.submit_job('owner-r', 'key-r', 'p', '{{\"x\": 2}}')"),
+        "SELECT intent.submit_job('owner-r', 'key-r', 'p', '{\"x\": 1}')".to_string(),
+        "SELECT intent.submit_job('owner-r', 'key-r', 'p', '{\"x\": 1}')".to_string(),
+        "SELECT intent.submit_job('owner-r', 'key-r', 'p', '{\"x\": 2}')".to_string(),
         format!("SELECT intent.begin_attempt('{j}', lease => '1 hour')"),
         format!("SELECT intent.begin_attempt('{j}')"),
         format!("SELECT intent.heartbeat('{a1}')"),
@@ -265,7 +265,7 @@ async fn every_call_on_a_job_is_one_single_shard_transaction() {
         format!("SELECT intent.complete_attempt('{a1}', 1, '{{\"r\": 1}}')"),
         format!("SELECT intent.fail_attempt('{a2}', 1, '{{\"late\": 1}}')"),
         format!("SELECT intent.cancel_job('{j}')"),
-        format!("SELECT intent.submit_job('owner-r', 'key-r', 'p', '{{\"x\": 1}}')"),
+        "SELECT intent.submit_job('owner-r', 'key-r', 'p', '{\"x\": 1}')".to_string(),
     ];
     for sql in &calls {
         let r = routed(&c, &notices, sql).await;
@@ -279,7 +279,7 @@ async fn every_call_on_a_job_is_one_single_shard_transaction() {
     }
     let cancelled_job = job_id_of("owner-r", "key-c");
     for sql in [
-        format!("SELECT intent.submit_job('owner-r', 'key-c', 'p', '{{}}')"),
+        "SELECT intent.submit_job('owner-r', 'key-c', 'p', '{}')".to_string(),
         format!("SELECT intent.cancel_job('{cancelled_job}', 'withdrawn')"),
     ] {
         let r = routed(&c, &notices, &sql).await;
@@ -732,6 +732,19 @@ async fn an_existing_installation_is_migrated_with_its_rows() {
         .await
         .unwrap(),
         "won"
+    );
+    let shells: i64 = c
+        .query_one(
+            "SELECT sum(pg_relation_size(t))::int8 FROM unnest(ARRAY['intent.jobs', 'intent.attempts',
+                    'intent.events', 'intent.retired_keys', 'intent.contracts', 'intent.certifications']::regclass[]) t",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        shells, 0,
+        "the coordinator's shells keep no copy of the migrated rows"
     );
     assert_eq!(
         c.query_one("SELECT intent.distribute()", &[])
