@@ -685,6 +685,10 @@ async fn an_existing_installation_is_migrated_with_its_rows() {
     mark_unknown(&c, running.attempt_id, Some("t"))
         .await
         .unwrap();
+    let other = n.coordinator.connect(&name).await;
+    submit(&other, "u", "done", "gpu", &json!({}))
+        .await
+        .unwrap();
     // ...then Citus, the workers, and distribute().
     for node in std::iter::once(&n.coordinator).chain(&n.workers) {
         node.connect(&name)
@@ -714,7 +718,8 @@ async fn an_existing_installation_is_migrated_with_its_rows() {
         .get(0);
     assert!(answer.starts_with("distributed"), "{answer}");
     drop(_one_at_a_time);
-    let c = n.coordinator.connect(&name).await;
+    // `c` (which ran distribute()) and `other` both answered calls before: each backend's
+    // cached "distributed?" must have been invalidated.
     // The rows are on the shards, and the calls carry on where they were.
     let replay = submit(&c, "u", "done", "gpu", &json!({})).await.unwrap();
     assert_eq!(
@@ -722,6 +727,22 @@ async fn an_existing_installation_is_migrated_with_its_rows() {
         (false, "succeeded", Some(json!({"r": 1})))
     );
     assert_eq!(event_rows(&c, open).await.len(), 1);
+    let again = submit(&other, "u", "done", "gpu", &json!({}))
+        .await
+        .unwrap();
+    assert_eq!((again.created, again.state.as_str()), (false, "succeeded"));
+    assert!(
+        submit(&other, "u", "new", "gpu", &json!({}))
+            .await
+            .unwrap()
+            .created
+    );
+    assert!(
+        !submit(&other, "u", "new", "gpu", &json!({}))
+            .await
+            .unwrap()
+            .created
+    );
     assert_eq!(
         complete(
             &c,
