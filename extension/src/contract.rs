@@ -128,6 +128,31 @@ static UPSERT_CONTRACT: Statement = Statement {
     ],
 };
 
+/// [`UPSERT_CONTRACT`] in the distributed mode: Citus refuses a function in the `DO UPDATE SET`
+/// of a reference table; the row's new `updated_at` is the statement timestamp the VALUES
+/// already carry (`excluded.updated_at`).
+static UPSERT_CONTRACT_DIST: Statement = Statement {
+    name: Name::UpsertContractDist,
+    sql: "INSERT INTO intent.contracts AS c (name, output_schema, checker, created_at, updated_at,
+                                              checker_owner, defined_by)
+          VALUES ($1, $2, $3, statement_timestamp(), statement_timestamp(),
+                  $4::regrole, $5::regrole)
+          ON CONFLICT (name) DO UPDATE
+             SET output_schema = excluded.output_schema, checker = excluded.checker,
+                 checker_owner = excluded.checker_owner, defined_by = excluded.defined_by,
+                 version = c.version + CASE
+                     WHEN c.output_schema IS DISTINCT FROM excluded.output_schema
+                       OR c.checker IS DISTINCT FROM excluded.checker
+                       OR c.checker_owner IS DISTINCT FROM excluded.checker_owner THEN 1 ELSE 0 END,
+                 updated_at = excluded.updated_at
+           WHERE c.output_schema IS DISTINCT FROM excluded.output_schema
+              OR c.checker IS DISTINCT FROM excluded.checker
+              OR c.checker_owner IS DISTINCT FROM excluded.checker_owner
+              OR c.defined_by IS DISTINCT FROM excluded.defined_by
+          RETURNING version",
+    args: UPSERT_CONTRACT.args,
+};
+
 /// [`UPSERT_CONTRACT`] on the catalog of 0.1.0 (see [`catalog_records_definers`]).
 static UPSERT_CONTRACT_0_1: Statement = Statement {
     name: Name::UpsertContract0_1,
@@ -450,7 +475,11 @@ fn define(
         let inserted = plans::first(if catalog_records_definers() {
             plans::run(
                 client,
-                &UPSERT_CONTRACT,
+                if crate::dist::distributed() {
+                    &UPSERT_CONTRACT_DIST
+                } else {
+                    &UPSERT_CONTRACT
+                },
                 &[
                     name.into(),
                     schema.into(),

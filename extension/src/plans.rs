@@ -108,11 +108,12 @@ pub enum Name {
     PurgeEventsDist,
     PurgeJobDist,
     RetireDist,
+    UpsertContractDist,
 }
 
 impl Name {
     /// How many statements there are.
-    pub const COUNT: usize = Name::RetireDist as usize + 1;
+    pub const COUNT: usize = Name::UpsertContractDist as usize + 1;
 }
 
 /// One SQL statement of the protocol, with the types of its parameters.

@@ -775,3 +775,75 @@ async fn an_existing_installation_is_migrated_with_its_rows() {
         "already distributed: nothing to do"
     );
 }
+
+#[tokio::test]
+async fn contracts_failover_and_batches_work_distributed() {
+    let n = citus_or_skip!();
+    let db = distributed_db(n, "citus_contracts").await;
+    let c = db.connect().await;
+    c.batch_execute(
+        "SELECT intent.define_contract('img', '{\"type\": \"object\", \"required\": [\"url\"]}');
+         SELECT intent.define_contract('img', '{\"type\": \"object\", \"required\": [\"url\", \"w\"]}');
+         SELECT intent.certify_provider('backup', 'img', '{\"ran\": 20}')",
+    )
+    .await
+    .unwrap();
+    let job = submit_full(&c, "u", "pic", "gpu", &json!({}), Some("img"), 3)
+        .await
+        .unwrap()
+        .job_id;
+    let a = begin(&c, job, None, "30 seconds").await.unwrap();
+    assert_eq!(
+        complete(&c, a.attempt_id, a.version, &json!({"url": "x"}))
+            .await
+            .unwrap(),
+        "rejected"
+    );
+    let b = begin(&c, job, Some("backup"), "30 seconds").await.unwrap();
+    assert_eq!(
+        complete(&c, b.attempt_id, b.version, &json!({"url": "x", "w": 1}))
+            .await
+            .unwrap(),
+        "won"
+    );
+    let kinds: Vec<String> = event_rows(&c, job)
+        .await
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(kinds, ["contract_violation"]);
+    let other = submit_full(&c, "u", "pic-2", "gpu", &json!({}), Some("img"), 3)
+        .await
+        .unwrap()
+        .job_id;
+    refusal(
+        begin(&c, other, Some("uncertified"), "30 seconds").await,
+        "IJ005",
+    );
+    c.batch_execute("SELECT intent.revoke_certification('backup', 'img', 'drifted')")
+        .await
+        .unwrap();
+    refusal(
+        begin(&c, other, Some("backup"), "30 seconds").await,
+        "IJ005",
+    );
+    // A batch: its intents hash to several shards; a repeated key is answered as a replay.
+    let batch = "SELECT created, sqlstate FROM intent.submit_jobs(ARRAY['u', 'u', 'u'], ARRAY['b-1', 'b-2', 'b-1'],
+                        ARRAY['p', 'p', 'p'], ARRAY['{}', '{}', '{}']::jsonb[]) ORDER BY ordinality";
+    let answers: Vec<(bool, Option<String>)> = c
+        .query(batch, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(answers, [(true, None), (true, None), (false, None)]);
+    let again: Vec<bool> = c
+        .query(batch, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(again, [false, false, false]);
+}
