@@ -271,12 +271,26 @@ fn reconciled(
                 ))
                 .hint("Call complete_attempt, fail_attempt or abandon_attempt first, in the same transaction."));
         }
-        if let Some(row) = plans::first(plans::run(
-            client,
-            &RECORD_RECONCILED,
-            &[attempt_id.into(), (*decision).into(), evidence.into()],
-        )) {
-            return Ok(plans::must::<i64>(&row, 1));
+        let recorded = if crate::dist::distributed() {
+            crate::dist::record_reconciled(
+                client,
+                job.id,
+                &job.owner_id,
+                attempt_id,
+                decision,
+                state.as_str(),
+                evidence,
+            )
+        } else {
+            plans::first(plans::run(
+                client,
+                &RECORD_RECONCILED,
+                &[attempt_id.into(), (*decision).into(), evidence.into()],
+            ))
+            .map(|row| plans::must::<i64>(&row, 1))
+        };
+        if let Some(id) = recorded {
+            return Ok(id);
         }
         // Another transaction recorded it meanwhile (and committed: ON CONFLICT waited for
         // it): its record stands, and is the answer.

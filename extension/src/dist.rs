@@ -727,3 +727,50 @@ pub static REOPEN_JOB: Statement = Statement {
           RETURNING j.retry_at <= j.updated_at",
     args: &[pg_sys::UUIDOID, pg_sys::INTERVALOID, pg_sys::FLOAT8OID, pg_sys::FLOAT8OID],
 };
+
+/// A reconciliation (decisions.rs `RECORD_RECONCILED`) as `INSERT … VALUES`, routed by its job
+/// id: Citus refuses the single-node `INSERT … SELECT … FROM intent.attempts` under row-level
+/// security. The owner and the attempt's state are read by the caller (the job row is locked).
+static RECORD_RECONCILED: Statement = Statement {
+    name: Name::RecordReconciledDist,
+    sql: "INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
+          VALUES ($1, $2, $3, 'reconciled',
+                  jsonb_build_object('decision', $4::text, 'attempt_state', $5::text,
+                                     'evidence', $6::jsonb, 'recorded_by', session_user::text))
+          ON CONFLICT (job_id, attempt_id) WHERE kind = 'reconciled' DO NOTHING
+          RETURNING id",
+    args: &[
+        pg_sys::UUIDOID,
+        pg_sys::TEXTOID,
+        pg_sys::UUIDOID,
+        pg_sys::TEXTOID,
+        pg_sys::TEXTOID,
+        pg_sys::JSONBOID,
+    ],
+};
+
+/// `record_reconciliation`'s event in the distributed mode: its id, or `None` when another
+/// transaction recorded the attempt's reconciliation first (`events_one_reconciliation`).
+pub fn record_reconciled(
+    client: &mut SpiClient<'_>,
+    job_id: Uuid,
+    owner_id: &str,
+    attempt_id: Uuid,
+    decision: &str,
+    attempt_state: &str,
+    evidence: crate::jsonb::Jsonb,
+) -> Option<i64> {
+    plans::first(plans::run(
+        client,
+        &RECORD_RECONCILED,
+        &[
+            job_id.into(),
+            owner_id.into(),
+            attempt_id.into(),
+            decision.into(),
+            attempt_state.into(),
+            evidence.into(),
+        ],
+    ))
+    .map(|row| plans::must(&row, 1))
+}

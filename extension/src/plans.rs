@@ -47,6 +47,8 @@ pub enum Name {
     FindReconciled,
     WasUnknown,
     RecordReconciled,
+    /// `RecordReconciled` in the distributed mode: `INSERT … VALUES`, routed by the job id.
+    RecordReconciledDist,
     // finish.rs
     Complete,
     LogResultAfterFailure,
