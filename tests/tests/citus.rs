@@ -654,6 +654,126 @@ async fn a_bound_session_acts_for_its_owner_only() {
     );
 }
 
+/// Review of issue 14: purge and sweep are fan-out reads on the workers, which do not know the
+/// session's binding; on one node the policies limit a bound operator to its own owner's jobs.
+/// A bound purge removing another owner's finished job lets that owner's retry create a new job
+/// for an intent that already ran.
+#[tokio::test]
+async fn a_bound_purge_or_sweep_touches_only_its_own_owners_jobs() {
+    let n = citus_or_skip!();
+    let db = distributed_db(n, "citus_bound_maint").await;
+    let c = db.connect().await;
+    let mut finished = Vec::new();
+    for (owner, key) in [("tenant-b", "b-1"), ("tenant-a", "a-1")] {
+        let job = submit(&c, owner, key, "gpu", &json!({}))
+            .await
+            .unwrap()
+            .job_id;
+        let a = begin(&c, job, None, "30 seconds").await.unwrap();
+        assert_eq!(
+            complete(&c, a.attempt_id, a.version, &json!({"charged": true}))
+                .await
+                .unwrap(),
+            "won"
+        );
+        finished.push(job);
+    }
+    let lapsing = submit(&c, "tenant-b", "b-2", "gpu", &json!({}))
+        .await
+        .unwrap()
+        .job_id;
+    let lapsing = begin(&c, lapsing, None, "1 second").await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    let bound = db.connect().await;
+    let bind = "BEGIN; SELECT set_config('intent.owner_id', 'tenant-a', true)";
+    bound.batch_execute(bind).await.unwrap();
+    let purged: i64 = bound
+        .query_one("SELECT intent.purge('1 millisecond')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let swept: i64 = bound
+        .query_one("SELECT intent.sweep()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    bound.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(
+        purged, 1,
+        "a purge bound to tenant-a removes tenant-a's job only"
+    );
+    assert_eq!(
+        swept, 0,
+        "a sweep bound to tenant-a settles none of tenant-b's attempts"
+    );
+    assert_eq!(
+        job_row(&c, finished[0]).await.state,
+        "succeeded",
+        "tenant-b's job is kept"
+    );
+    assert_eq!(attempt_row(&c, lapsing.attempt_id).await.state, "started");
+}
+
+/// Review of issue 14: a worker added after `intent.distribute()` gets pg_intent from its
+/// install script (Citus creates the extension there), so its copy of the tables keeps the
+/// single-node policies (a sub-select, which Citus refuses) and `jobs_owner_key_unique`:
+/// a bound session's submit on that node fails, where on the first workers it works.
+#[tokio::test]
+async fn a_worker_added_later_serves_bound_calls() {
+    let n = citus_or_skip!();
+    let db = distributed_db(n, "citus_added").await;
+    let bin = citus_bin().expect("Citus");
+    let extra = Cluster::start_in(
+        &bin,
+        &[
+            ("shared_preload_libraries", "citus"),
+            ("max_prepared_transactions", "100"),
+        ],
+    );
+    {
+        let _one_at_a_time = SETUP.lock().await;
+        extra
+            .connect("postgres")
+            .await
+            .batch_execute(&format!("CREATE DATABASE {}", db.name))
+            .await
+            .unwrap();
+        extra
+            .connect(&db.name)
+            .await
+            .batch_execute("CREATE EXTENSION citus")
+            .await
+            .unwrap();
+        db.connect()
+            .await
+            .execute(
+                "SELECT citus_add_node('127.0.0.1', $1)",
+                &[&i32::from(extra.port())],
+            )
+            .await
+            .unwrap();
+    }
+    for (node, who) in [
+        (&n.workers[0], "a first worker"),
+        (&extra, "the added worker"),
+    ] {
+        let w = node.connect(&db.name).await;
+        w.batch_execute("BEGIN; SELECT set_config('intent.owner_id', 'tenant-a', true)")
+            .await
+            .unwrap();
+        let r = submit(
+            &w,
+            "tenant-a",
+            &format!("k-{}", node.port()),
+            "gpu",
+            &json!({}),
+        )
+        .await;
+        assert!(r.is_ok(), "a bound submit_job on {who}: {r:?}");
+        w.batch_execute("COMMIT").await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn an_existing_installation_is_migrated_with_its_rows() {
     let n = citus_or_skip!();
