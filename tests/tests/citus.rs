@@ -774,6 +774,32 @@ async fn a_worker_added_later_serves_bound_calls() {
     }
 }
 
+/// Review of issue 14: the drop guard (an event trigger on every node) reads intent.contracts, a
+/// reference table once distributed; when Citus drops shards on a worker that is a nested
+/// distributed query, which Citus refuses. The application's own distributed tables must stay
+/// droppable.
+#[tokio::test]
+async fn the_applications_distributed_tables_can_still_be_dropped() {
+    let n = citus_or_skip!();
+    let db = distributed_db(n, "citus_app_drop").await;
+    let c = db.connect().await;
+    for sql in [
+        "CREATE TABLE public.app_items (id int PRIMARY KEY)",
+        "SELECT create_distributed_table('public.app_items', 'id')",
+        "CREATE INDEX app_items_idx ON public.app_items (id)",
+    ] {
+        c.batch_execute(sql).await.unwrap();
+    }
+    for sql in [
+        "DROP INDEX public.app_items_idx",
+        "DROP TABLE public.app_items",
+    ] {
+        if let Err(e) = c.batch_execute(sql).await {
+            panic!("{sql}: {:?}", SqlError::from_error(&e));
+        }
+    }
+}
+
 #[tokio::test]
 async fn an_existing_installation_is_migrated_with_its_rows() {
     let n = citus_or_skip!();
