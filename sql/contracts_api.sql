@@ -55,6 +55,17 @@ AS $$
 DECLARE
     c record;
 BEGIN
+    -- Only a dropped function taking one jsonb can be a checker. Anything else (a table, an
+    -- index, a temp object, and on a Citus worker the shard DDL, where reading the reference
+    -- table intent.contracts would be a nested distributed query) returns here, unread.
+    IF NOT EXISTS (
+        SELECT FROM pg_catalog.pg_event_trigger_dropped_objects() d
+         WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+           AND pg_catalog.cardinality(d.address_args) OPERATOR(pg_catalog.=) 1
+           AND pg_catalog.to_regtype(d.address_args[1]) OPERATOR(pg_catalog.=) 'pg_catalog.jsonb'::pg_catalog.regtype)
+    THEN
+        RETURN;
+    END IF;
     -- Dropping the extension itself (or its schema) drops the contracts too: nothing to guard.
     IF pg_catalog.to_regclass('intent.contracts') IS NULL THEN
         RETURN;

@@ -194,3 +194,49 @@ COMMENT ON FUNCTION intent.record_reconciliation(uuid, text, jsonb) IS
 ALTER FUNCTION intent.record_reconciliation(uuid, text, jsonb) OWNER TO intent_owner;
 REVOKE ALL ON FUNCTION intent.record_reconciliation(uuid, text, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION intent.record_reconciliation(uuid, text, jsonb) TO intent_operator;
+
+-- The drop guard reads intent.contracts only when a function taking one jsonb was dropped
+-- (every other DROP returns at once; on Citus, reading the reference table from a worker's
+-- shard DDL is refused). The same function otherwise: its owner and grants are kept.
+CREATE OR REPLACE FUNCTION intent._guard_checker_drop()
+RETURNS event_trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record;
+BEGIN
+    -- Only a dropped function taking one jsonb can be a checker. Anything else (a table, an
+    -- index, a temp object, and on a Citus worker the shard DDL, where reading the reference
+    -- table intent.contracts would be a nested distributed query) returns here, unread.
+    IF NOT EXISTS (
+        SELECT FROM pg_catalog.pg_event_trigger_dropped_objects() d
+         WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+           AND pg_catalog.cardinality(d.address_args) OPERATOR(pg_catalog.=) 1
+           AND pg_catalog.to_regtype(d.address_args[1]) OPERATOR(pg_catalog.=) 'pg_catalog.jsonb'::pg_catalog.regtype)
+    THEN
+        RETURN;
+    END IF;
+    -- Dropping the extension itself (or its schema) drops the contracts too: nothing to guard.
+    IF pg_catalog.to_regclass('intent.contracts') IS NULL THEN
+        RETURN;
+    END IF;
+    -- Matched by schema and name (address_names: unquoted, whatever quote_all_identifiers says)
+    -- and the one jsonb argument every checker takes, never by the quoted identity text.
+    SELECT k.name, d.object_identity INTO c
+      FROM pg_catalog.pg_event_trigger_dropped_objects() d
+      JOIN intent.contracts k
+        ON (pg_catalog.parse_ident(k.checker, false))[1] OPERATOR(pg_catalog.=) d.address_names[1]
+       AND (pg_catalog.parse_ident(k.checker, false))[2] OPERATOR(pg_catalog.=) d.address_names[2]
+     WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+       AND pg_catalog.cardinality(d.address_args) OPERATOR(pg_catalog.=) 1
+       AND pg_catalog.to_regtype(d.address_args[1]) OPERATOR(pg_catalog.=) 'pg_catalog.jsonb'::pg_catalog.regtype
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '2BP01',
+            MESSAGE = pg_catalog.format('cannot drop function %s: contract %L uses it as its checker', c.object_identity, c.name),
+            HINT = 'Redefine the contract with another checker, or none, with intent.define_contract() first.';
+    END IF;
+END
+$$;
