@@ -66,6 +66,18 @@ static LAPSED_ATTEMPTS: Statement = Statement {
     args: &[],
 };
 
+/// [`LAPSED_ATTEMPTS`] in the distributed mode: the policies run on the workers, which do not
+/// know the session's binding, so a bound session's owner ($1) is named here.
+static LAPSED_ATTEMPTS_DIST: Statement = Statement {
+    name: Name::LapsedAttemptsDist,
+    sql: concat!(
+        "SELECT id, job_id FROM intent.attempts WHERE ",
+        lapsed_sql!(),
+        " AND ($1::text IS NULL OR owner_id::text = $1::text) ORDER BY deadline"
+    ),
+    args: &[pg_sys::TEXTOID],
+};
+
 /// Sweep never waits for a busy job: whoever holds it will apply the deadline rule anyway.
 static TRY_LOCK_JOB: Statement = Statement {
     name: Name::TryLockJob,
@@ -159,7 +171,12 @@ fn sweep_entry(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
 
 fn sweep() -> i64 {
     Spi::connect_mut(|client| {
-        let lapsed: Vec<(Uuid, Uuid)> = plans::run(client, &LAPSED_ATTEMPTS, &[])
+        let owner = crate::dist::distributed().then(crate::owner::bound_owner);
+        let lapsed_rows = match &owner {
+            Some(owner) => plans::run(client, &LAPSED_ATTEMPTS_DIST, &[owner.as_deref().into()]),
+            None => plans::run(client, &LAPSED_ATTEMPTS, &[]),
+        };
+        let lapsed: Vec<(Uuid, Uuid)> = lapsed_rows
             .map(|row| {
                 let id = |n| row.get::<Uuid>(n).ok().flatten().expect("ids are NOT NULL");
                 (id(1), id(2))

@@ -68,6 +68,8 @@ pub enum Name {
     MarkUnknown,
     Heartbeat,
     LapsedAttempts,
+    /// `LapsedAttempts` in the distributed mode, naming the bound owner.
+    LapsedAttemptsDist,
     TryLockJob,
     // purge.rs
     RetentionOk,

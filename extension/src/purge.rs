@@ -67,16 +67,19 @@ static PURGE_BATCH: Statement = Statement {
 };
 
 /// Distributed, the candidates: read on every shard (Citus cannot lock rows of many shards
-/// with SKIP LOCKED), merged on the coordinator, oldest first.
+/// with SKIP LOCKED), merged on the coordinator, oldest first. The owner isolation policies run
+/// on the workers, which do not know the session's binding: a bound session's owner ($3) is
+/// named here.
 static CANDIDATES_DIST: Statement = Statement {
     name: Name::PurgeCandidatesDist,
     sql: "SELECT id FROM intent.jobs
            WHERE created_at < statement_timestamp() - $1
              AND updated_at < statement_timestamp() - $1
              AND state IN ('succeeded', 'failed', 'cancelled')
+             AND ($3::text IS NULL OR owner_id::text = $3::text)
            ORDER BY created_at
            LIMIT $2",
-    args: &[pg_sys::INTERVALOID, pg_sys::INT4OID],
+    args: &[pg_sys::INTERVALOID, pg_sys::INT4OID, pg_sys::TEXTOID],
 };
 
 /// Distributed, each candidate on its own shard: the same conditions read again under the lock,
@@ -88,8 +91,9 @@ static LOCK_DIST: Statement = Statement {
              AND created_at < statement_timestamp() - $2
              AND updated_at < statement_timestamp() - $2
              AND state IN ('succeeded', 'failed', 'cancelled')
+             AND ($3::text IS NULL OR owner_id::text = $3::text)
              FOR UPDATE SKIP LOCKED",
-    args: &[pg_sys::UUIDOID, pg_sys::INTERVALOID],
+    args: &[pg_sys::UUIDOID, pg_sys::INTERVALOID, pg_sys::TEXTOID],
 };
 
 static EVENTS_DIST: Statement = Statement {
@@ -115,10 +119,11 @@ static RETIRE_DIST: Statement = Statement {
 
 /// A purge batch in the distributed mode: each job removed is a single-shard transaction part.
 fn purge_dist(client: &mut pgrx::spi::SpiClient<'_>, retention: Interval, batch_size: i32) -> i64 {
+    let owner = crate::owner::bound_owner();
     let candidates: Vec<pgrx::Uuid> = plans::run(
         client,
         &CANDIDATES_DIST,
-        &[retention.into(), batch_size.into()],
+        &[retention.into(), batch_size.into(), owner.as_deref().into()],
     )
     .map(|row| {
         row.get::<pgrx::Uuid>(1)
@@ -132,7 +137,7 @@ fn purge_dist(client: &mut pgrx::spi::SpiClient<'_>, retention: Interval, batch_
         let Some(row) = plans::first(plans::run(
             client,
             &LOCK_DIST,
-            &[id.into(), retention.into()],
+            &[id.into(), retention.into(), owner.as_deref().into()],
         )) else {
             continue;
         };
