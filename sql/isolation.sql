@@ -38,3 +38,15 @@ COMMENT ON POLICY events_owner_isolation ON intent.events IS
     'A session bound to an owner (intent.owner_id) sees only that owner''s events.';
 COMMENT ON FUNCTION intent.bound_owner() IS
     'The owner this session is bound to (the setting intent.owner_id), or NULL when it is not bound.';
+
+-- The distributed mode's policies (intent.distribute(), docs/scale-out.md) call this rather
+-- than holding the comparison: Citus refuses sub-selects in policies on distributed tables,
+-- and copies each policy to the shards as text that every worker parses again under its own
+-- search path, where an operator written plainly is looked up anew but a function named with
+-- its schema is not. Every name in the body is qualified, so it means the same under any
+-- search path, and the planner inlines it (plain SQL, not strict, no settings of its own).
+CREATE FUNCTION intent.owner_admits(owner_id text) RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$ SELECT owner_id OPERATOR(pg_catalog.=) COALESCE(intent.bound_owner(), owner_id) $$;
+COMMENT ON FUNCTION intent.owner_admits(text) IS
+    'Whether this session''s binding (intent.bound_owner()) admits a row of this owner: the owner isolation policies of the distributed mode.';

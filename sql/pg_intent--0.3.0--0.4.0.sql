@@ -6,9 +6,10 @@
 --   * intent.record_reconciliation (for intent_operator): records how an unknown attempt was
 --     decided and on what evidence, as a reconciled event; the unique partial index
 --     events_one_reconciliation keeps it to one per attempt;
---   * intent.distribute(), which refuses (55000) unless Citus is installed, and the view
---     intent.lost_races, whose join to the winning attempt names the job too (same rows).
---     Nothing else changes on a single node.
+--   * intent.distribute(), which refuses (55000) unless Citus is installed, the function
+--     intent.owner_admits that its policies call, and the view intent.lost_races, whose join
+--     to the winning attempt names the job too (same rows). Nothing else changes on a single
+--     node.
 
 \echo Use "ALTER EXTENSION pg_intent UPDATE TO '0.4.0'" to load this file. \quit
 
@@ -32,14 +33,31 @@ SELECT a.job_id,
   LEFT JOIN intent.attempts w ON w.job_id = j.id AND w.id = j.completed_by
  WHERE a.state = 'discarded';
 
+-- The distributed mode's policies (intent.distribute(), docs/scale-out.md) call this rather
+-- than holding the comparison: Citus refuses sub-selects in policies on distributed tables,
+-- and copies each policy to the shards as text that every worker parses again under its own
+-- search path, where an operator written plainly is looked up anew but a function named with
+-- its schema is not. Every name in the body is qualified, so it means the same under any
+-- search path, and the planner inlines it (plain SQL, not strict, no settings of its own).
+CREATE FUNCTION intent.owner_admits(owner_id text) RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$ SELECT owner_id OPERATOR(pg_catalog.=) COALESCE(intent.bound_owner(), owner_id) $$;
+COMMENT ON FUNCTION intent.owner_admits(text) IS
+    'Whether this session''s binding (intent.bound_owner()) admits a row of this owner: the owner isolation policies of the distributed mode.';
+
 CREATE FUNCTION intent.distribute() RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $distribute$
 DECLARE
-    prepare constant text := $ddl$
+    -- Once, before the tables are distributed (here and on the workers' copies); added back
+    -- after, when Citus propagates them.
+    unlink constant text := $ddl$
         ALTER TABLE intent.jobs DROP CONSTRAINT IF EXISTS jobs_contract_fkey;
         ALTER TABLE intent.certifications DROP CONSTRAINT IF EXISTS certifications_contract_fkey;
+    $ddl$;
+    -- Keys and policies; every statement can run twice.
+    prepare constant text := $ddl$
         ALTER TABLE intent.jobs DROP CONSTRAINT IF EXISTS jobs_owner_key_unique;
         ALTER TABLE intent.attempts DROP CONSTRAINT attempts_pkey;
         ALTER TABLE intent.attempts ADD CONSTRAINT attempts_pkey PRIMARY KEY (id, job_id);
@@ -50,18 +68,44 @@ DECLARE
         COMMENT ON CONSTRAINT events_pkey ON intent.events IS
             'Orders the log of one job (with its job id, the distribution column).';
         ALTER POLICY jobs_owner_isolation ON intent.jobs
-            USING (owner_id = coalesce(intent.bound_owner(), owner_id))
-            WITH CHECK (owner_id = coalesce(intent.bound_owner(), owner_id));
+            USING (intent.owner_admits(owner_id)) WITH CHECK (intent.owner_admits(owner_id));
         ALTER POLICY attempts_owner_isolation ON intent.attempts
-            USING (owner_id = coalesce(intent.bound_owner(), owner_id))
-            WITH CHECK (owner_id = coalesce(intent.bound_owner(), owner_id));
+            USING (intent.owner_admits(owner_id)) WITH CHECK (intent.owner_admits(owner_id));
         ALTER POLICY events_owner_isolation ON intent.events
-            USING (owner_id = coalesce(intent.bound_owner(), owner_id))
-            WITH CHECK (owner_id = coalesce(intent.bound_owner(), owner_id));
+            USING (intent.owner_admits(owner_id)) WITH CHECK (intent.owner_admits(owner_id));
     $ddl$;
+    -- What a worker runs first: names resolved in pg_catalog first, and its own changes only
+    -- (once the tables are distributed, its copies are shells that Citus would otherwise
+    -- refuse to alter from a worker, or alter everywhere). Not intent_owner's LOGIN: the
+    -- coordinator's change reaches the workers in this transaction, which holds the role's
+    -- row there until it commits.
+    on_worker constant text := $ddl$
+        SET LOCAL search_path = pg_catalog, pg_temp;
+        SET LOCAL citus.enable_ddl_propagation TO off;
+    $ddl$;
+    -- Asked of every worker: the first schema its connections look names up in (every name
+    -- qualified: this is parsed with the path it asks about).
+    first_schema constant text :=
+        $q$SELECT pg_catalog.format('%s (search_path = %s)', (pg_catalog.current_schemas(true))[1], pg_catalog.current_setting('search_path'))$q$;
+    -- Asked of a worker whose names resolve in pg_catalog first: whether it is prepared.
+    readiness constant text := $q$
+        SELECT CASE WHEN NOT EXISTS (SELECT FROM pg_constraint
+                                      WHERE conrelid = 'intent.jobs'::regclass
+                                        AND conname = 'jobs_owner_key_unique')
+                     AND (SELECT count(*) FROM pg_policy p
+                           WHERE p.polrelid IN ('intent.jobs'::regclass, 'intent.attempts'::regclass,
+                                                'intent.events'::regclass)
+                             AND EXISTS (SELECT FROM pg_depend d
+                                          WHERE d.classid = 'pg_policy'::regclass AND d.objid = p.oid
+                                            AND d.refobjid = 'intent.owner_admits(text)'::regprocedure)) = 3
+                    THEN 'prepared' ELSE 'unprepared' END
+    $q$;
     r record;
     failed text;
     our_version text;
+    already boolean;
+    todo text[] := '{}';
+    todo_ports int[] := '{}';
 BEGIN
     IF NOT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
         RAISE EXCEPTION 'intent.distribute() must be run by a superuser'
@@ -73,17 +117,14 @@ BEGIN
                   DETAIL = 'Nothing was changed: pg_intent stays a single-node installation.',
                   HINT = 'Add citus to shared_preload_libraries, CREATE EXTENSION citus, add the workers (citus_add_node), then call intent.distribute() on the coordinator.';
     END IF;
-    IF EXISTS (SELECT FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-                WHERE n.nspname = 'pg_catalog' AND c.relname = 'pg_dist_partition')
-       AND EXISTS (SELECT FROM pg_catalog.pg_dist_partition WHERE logicalrelid = 'intent.jobs'::pg_catalog.regclass) THEN
-        RETURN 'already distributed: nothing to do';
-    END IF;
     IF NOT pg_catalog.citus_is_coordinator() THEN
         RAISE EXCEPTION 'intent.distribute() must run on the Citus coordinator'
             USING ERRCODE = '55000',
                   DETAIL = 'This node is not the coordinator (citus_is_coordinator() is false). Nothing was changed.',
                   HINT = 'Connect to the coordinator; on a fresh coordinator run citus_set_coordinator_host() first.';
     END IF;
+    already := EXISTS (SELECT FROM pg_catalog.pg_dist_partition
+                        WHERE logicalrelid = 'intent.jobs'::pg_catalog.regclass);
     -- Every worker must have pg_intent at this version: its copy of the tables is the shell.
     -- CREATE EXTENSION on the coordinator creates it on the workers; an installation that
     -- had pg_intent before it had Citus (a migration) gets it created on them here.
@@ -100,28 +141,71 @@ BEGIN
                 r.result := our_version;
             END IF;
         END IF;
-        IF NOT r.success OR r.result IS DISTINCT FROM our_version THEN
+        IF NOT r.success THEN
+            RAISE EXCEPTION 'worker %:% did not answer', r.nodename, r.nodeport
+                USING ERRCODE = '55000',
+                      DETAIL = format('Asked whether it has pg_intent, it failed: %s. Nothing was changed.', r.result),
+                      HINT = 'Bring every worker up (or remove it with citus_remove_node), then call intent.distribute() again.';
+        END IF;
+        IF r.result IS DISTINCT FROM our_version THEN
             RAISE EXCEPTION 'worker %:% does not have pg_intent at this version', r.nodename, r.nodeport
                 USING ERRCODE = '55000',
-                      DETAIL = format('The worker answered %s.', coalesce(r.result, 'nothing')),
+                      DETAIL = format('The coordinator has %s, the worker %s. Nothing was changed.', our_version, coalesce(nullif(r.result, ''), 'none')),
                       HINT = 'Install the same pg_intent on every node (CREATE EXTENSION pg_intent on the coordinator creates it on the workers), then call intent.distribute() again.';
         END IF;
     END LOOP;
+    -- What Citus sends a worker (the shards' tables, constraints and policies) is parsed with
+    -- that worker's search path: a schema before pg_catalog there could stand in for the
+    -- operators and functions they use.
+    SELECT string_agg(format('%s:%s: %s', nodename, nodeport, result), '; ') INTO failed
+      FROM pg_catalog.run_command_on_workers(first_schema)
+     WHERE NOT success OR result NOT LIKE 'pg\_catalog %';
+    IF failed IS NOT NULL THEN
+        RAISE EXCEPTION 'a worker looks names up in another schema before pg_catalog'
+            USING ERRCODE = '55000',
+                  DETAIL = format('First schema of each such worker: %s. Nothing was changed.', failed),
+                  HINT = 'Reset the search_path set for this database or role on those workers (ALTER DATABASE … RESET search_path) so that pg_catalog comes first, then call intent.distribute() again.';
+    END IF;
+
+    -- Citus propagates it to every node (and gives it to the nodes it adds later).
+    IF NOT (SELECT rolcanlogin FROM pg_catalog.pg_roles WHERE rolname = 'intent_owner') THEN
+        ALTER ROLE intent_owner LOGIN;
+    END IF;
+
+    IF already THEN
+        FOR r IN SELECT nodename, nodeport, success, result
+                   FROM pg_catalog.run_command_on_workers(readiness)
+        LOOP
+            IF NOT r.success OR r.result <> 'prepared' THEN
+                todo := todo || r.nodename;
+                todo_ports := todo_ports || r.nodeport;
+            END IF;
+        END LOOP;
+        IF cardinality(todo) = 0 THEN
+            RETURN 'already distributed: every worker is prepared, nothing to do';
+        END IF;
+        SELECT string_agg(format('%s:%s: %s', node_name, node_port, result), '; ') INTO failed
+          FROM pg_catalog.master_run_on_worker(todo, todo_ports,
+                   array_fill(on_worker || prepare, ARRAY[cardinality(todo)]), false)
+         WHERE NOT success;
+        IF failed IS NOT NULL THEN
+            RAISE EXCEPTION 'intent.distribute() could not prepare a worker''s tables'
+                USING ERRCODE = '55000', DETAIL = failed;
+        END IF;
+        RETURN format('already distributed; prepared the worker(s) %s', (
+            SELECT string_agg(format('%s:%s', n, p), ', ') FROM unnest(todo, todo_ports) u(n, p)));
+    END IF;
 
     -- The same changes here and on every worker's copy. Citus runs the workers' part on
     -- connections of their own, which commit at once: should anything below fail, the
     -- workers' (unused) copies stay prepared while this node rolls back, and calling
     -- distribute() again redoes both (every change can be made twice).
-    -- The calls run as intent_owner (SECURITY DEFINER), and Citus opens its connections to the
-    -- workers as the current user: intent_owner must be able to log in to the workers, from the
-    -- coordinator (pg_hba.conf, or a password in pg_dist_authinfo; docs/scale-out.md). Citus
-    -- propagates the change to every node.
-    ALTER ROLE intent_owner LOGIN;
     -- Foreign keys to reference tables: Citus needs one connection per node for the rest.
     PERFORM pg_catalog.set_config('citus.multi_shard_modify_mode', 'sequential', true);
+    EXECUTE unlink;
     EXECUTE prepare;
     SELECT string_agg(format('%s:%s: %s', nodename, nodeport, result), '; ') INTO failed
-      FROM pg_catalog.run_command_on_workers(prepare) WHERE NOT success;
+      FROM pg_catalog.run_command_on_workers(on_worker || unlink || prepare) WHERE NOT success;
     IF failed IS NOT NULL THEN
         RAISE EXCEPTION 'intent.distribute() could not prepare a worker''s tables'
             USING ERRCODE = '55000', DETAIL = failed;
@@ -142,17 +226,26 @@ BEGIN
         FOREIGN KEY (contract) REFERENCES intent.contracts (name);
     ALTER TABLE intent.certifications ADD CONSTRAINT certifications_contract_fkey
         FOREIGN KEY (contract) REFERENCES intent.contracts (name);
+    SELECT string_agg(format('%s:%s: %s', nodename, nodeport, result), '; ') INTO failed
+      FROM pg_catalog.run_command_on_workers(readiness) WHERE NOT success OR result <> 'prepared';
+    IF failed IS NOT NULL THEN
+        RAISE EXCEPTION 'intent.distribute() prepared a worker''s tables, and they do not say so'
+            USING ERRCODE = '55000', DETAIL = failed;
+    END IF;
     RETURN 'distributed: jobs, attempts, events, retired_keys by job id (colocated); contracts, certifications as reference tables';
 END
 $distribute$;
 
 COMMENT ON FUNCTION intent.distribute() IS
-    'Turns this installation into a Citus one (run on the coordinator, as a superuser): jobs, attempts, events and retired_keys distributed by job id and colocated, contracts and certifications reference tables. Refuses with 55000 without Citus, changing nothing. docs/scale-out.md.';
+    'Turns this installation into a Citus one (run on the coordinator, as a superuser): jobs, attempts, events and retired_keys distributed by job id and colocated, contracts and certifications reference tables; run again after adding workers, it prepares them. Refuses with 55000 without Citus, changing nothing. docs/scale-out.md.';
 
--- As sql/privileges.sql does for a fresh install: owned by intent_owner, nothing for PUBLIC
--- (only a superuser can run it anyway).
-ALTER FUNCTION intent.distribute() OWNER TO intent_owner;
+-- As sql/privileges.sql does for a fresh install: distribute() stays the superuser's who runs
+-- this update (only superusers run it, with their own rights), nothing for PUBLIC;
+-- owner_admits is intent_owner's, for the roles that may read the tables.
 REVOKE ALL ON FUNCTION intent.distribute() FROM PUBLIC;
+ALTER FUNCTION intent.owner_admits(text) OWNER TO intent_owner;
+REVOKE ALL ON FUNCTION intent.owner_admits(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION intent.owner_admits(text) TO intent_app, pg_read_all_data;
 
 -- A wider CHECK: the existing rows satisfy it, and validating it reads intent.events once.
 ALTER DOMAIN intent.event_kind DROP CONSTRAINT event_kind_known;

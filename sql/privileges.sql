@@ -62,7 +62,13 @@ BEGIN
                 EXECUTE format('ALTER TABLE %s OWNER TO intent_owner', obj.objid::regclass);
             END IF;
         ELSIF obj.classid = 'pg_catalog.pg_proc'::regclass THEN
-            EXECUTE format('ALTER ROUTINE %s OWNER TO intent_owner', obj.objid::regprocedure);
+            -- Except intent.distribute(): only superusers run it, with their own rights (it
+            -- alters roles and tables on every node), so it stays the installing superuser's;
+            -- were it intent_owner's, whoever could act as intent_owner could rewrite what a
+            -- superuser runs.
+            IF obj.objid <> 'intent.distribute()'::regprocedure THEN
+                EXECUTE format('ALTER ROUTINE %s OWNER TO intent_owner', obj.objid::regprocedure);
+            END IF;
         ELSIF obj.classid = 'pg_catalog.pg_type'::regclass THEN
             IF (SELECT typtype FROM pg_catalog.pg_type WHERE oid = obj.objid) = 'e' THEN
                 EXECUTE format('ALTER TYPE %s OWNER TO intent_owner', obj.objid::regtype);
@@ -92,6 +98,7 @@ GRANT EXECUTE ON FUNCTION
     intent.attempt_id(uuid, integer),
     intent.job_of(uuid),
     intent.bound_owner(),
+    intent.owner_admits(text),
     intent.validate_result(text, jsonb)
   TO intent_app;
 
@@ -107,9 +114,10 @@ GRANT SELECT ON intent.jobs, intent.attempts, intent.events, intent.contracts, i
   TO intent_operator;
 
 -- Backups: pg_read_all_data is PostgreSQL's role for reading everything (what a non-superuser
--- pg_dump needs). The owner isolation policies call intent.bound_owner(), so a reader of the
--- tables must be able to call it too; it only reports the session's own binding.
-GRANT EXECUTE ON FUNCTION intent.bound_owner() TO pg_read_all_data;
+-- pg_dump needs). The owner isolation policies call intent.bound_owner() (distributed, through
+-- intent.owner_admits), so a reader of the tables must be able to call them too; they only
+-- report the session's own binding.
+GRANT EXECUTE ON FUNCTION intent.bound_owner(), intent.owner_admits(text) TO pg_read_all_data;
 
 GRANT EXECUTE ON FUNCTION
     intent.define_contract(text, jsonb, regprocedure),

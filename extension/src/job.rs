@@ -21,6 +21,17 @@ static LOCK_JOB: Statement = Statement {
     args: &[pg_sys::UUIDOID],
 };
 
+/// LOCK_JOB in the distributed mode, with the session's binding ($2, NULL when unbound). The
+/// owner isolation policies run on the workers, which do not know the binding: without the
+/// owner in the statement a bound call would lock (and wait for) another owner's row before
+/// refusing, and how long it waited would tell that the job exists.
+static LOCK_JOB_DIST: Statement = Statement {
+    name: Name::LockJobDist,
+    sql: "SELECT state::text, version, provider, contract, max_attempts, attempt_count, owner_id, completed_by
+            FROM intent.jobs WHERE id = $1 AND ($2::text IS NULL OR owner_id = $2::text) FOR NO KEY UPDATE",
+    args: &[pg_sys::UUIDOID, pg_sys::TEXTOID],
+};
+
 static READ_ATTEMPT: Statement = Statement {
     name: Name::ReadAttempt,
     sql: concat!(
@@ -108,17 +119,27 @@ impl Job {
 
 /// Locks the job row, or refuses with IJ007.
 pub fn lock(client: &mut SpiClient<'_>, job_id: Uuid) -> Answer<Job> {
-    let row = plans::first(plans::run(client, &LOCK_JOB, &[job_id.into()]))
-        .ok_or_else(|| no_such_job(job_id))?;
     // Distributed, the owner isolation policies run on the workers, which do not know this
-    // session's binding: every call on an existing job comes through here, so it is applied
-    // here, as the policy would (another owner's job does not exist).
-    if crate::dist::distributed() {
+    // session's binding: every call on an existing job comes through here, so the statement
+    // applies it, as the policy would (another owner's job does not exist), and the check
+    // after it says so again.
+    let row = if crate::dist::distributed() {
+        let bound = crate::owner::bound_owner();
+        let row = plans::first(plans::run(
+            client,
+            &LOCK_JOB_DIST,
+            &[job_id.into(), bound.clone().into()],
+        ))
+        .ok_or_else(|| no_such_job(job_id))?;
         let owner: String = plans::must(&row, 7);
-        if crate::owner::bound_owner().is_some_and(|bound| bound != owner) {
+        if bound.is_some_and(|bound| bound != owner) {
             return Err(no_such_job(job_id));
         }
-    }
+        row
+    } else {
+        plans::first(plans::run(client, &LOCK_JOB, &[job_id.into()]))
+            .ok_or_else(|| no_such_job(job_id))?
+    };
     Ok(Job {
         id: job_id,
         state: state::read(&row, 1),

@@ -79,6 +79,7 @@ pub enum Name {
     RunningLapsed,
     // dist.rs (the distributed mode), submit.rs, claim.rs and purge.rs in that mode
     FindJobDist,
+    LockJobDist,
     FirstVersionDist,
     ReadAttemptDist,
     JobFactsDist,

@@ -79,8 +79,8 @@ macro_rules! citus_or_skip {
 static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// A new database on every node, Citus in each, the workers added, pg_intent created on the
-/// coordinator (Citus creates it on the workers) and distributed.
-async fn distributed_db(n: &'static Nodes, prefix: &str) -> Db<'static> {
+/// coordinator (Citus creates it on the workers): not yet distributed.
+async fn citus_db(n: &'static Nodes, prefix: &str) -> Db<'static> {
     let name = format!(
         "{prefix}_{}_{}",
         std::process::id(),
@@ -115,16 +115,25 @@ async fn distributed_db(n: &'static Nodes, prefix: &str) -> Db<'static> {
         .unwrap();
     }
     c.batch_execute("CREATE EXTENSION pg_intent").await.unwrap();
-    let answer: String = c
-        .query_one("SELECT intent.distribute()", &[])
-        .await
-        .unwrap_or_else(|e| panic!("intent.distribute(): {e:?}"))
-        .get(0);
-    assert!(answer.starts_with("distributed"), "{answer}");
     Db {
         cluster: &n.coordinator,
         name,
     }
+}
+
+/// [`citus_db`], distributed.
+async fn distributed_db(n: &'static Nodes, prefix: &str) -> Db<'static> {
+    let db = citus_db(n, prefix).await;
+    let _one_at_a_time = SETUP.lock().await;
+    let answer: String = db
+        .connect()
+        .await
+        .query_one("SELECT intent.distribute()", &[])
+        .await
+        .unwrap_or_else(|e| panic!("intent.distribute(): {:?}", SqlError::from_error(&e)))
+        .get(0);
+    assert!(answer.starts_with("distributed"), "{answer}");
+    db
 }
 
 /// A connection whose notices (Citus's `citus.log_remote_commands`) are kept.
@@ -716,12 +725,16 @@ async fn a_bound_purge_or_sweep_touches_only_its_own_owners_jobs() {
 
 /// Review of issue 14: a worker added after `intent.distribute()` gets pg_intent from its
 /// install script (Citus creates the extension there), so its copy of the tables keeps the
-/// single-node policies (a sub-select, which Citus refuses) and `jobs_owner_key_unique`:
-/// a bound session's submit on that node fails, where on the first workers it works.
+/// single-node policies (a sub-select, which Citus refuses) and `jobs_owner_key_unique`, and
+/// its intent_owner is the coordinator's (NOLOGIN). The documented way to add a worker
+/// (docs/scale-out.md): citus_add_node, `intent.distribute()` again, rebalance. Then bound
+/// calls work on that node as on the first ones, and Citus's clean-up of the moved shards
+/// finishes (the drop guard once made it fail forever).
 #[tokio::test]
 async fn a_worker_added_later_serves_bound_calls() {
     let n = citus_or_skip!();
     let db = distributed_db(n, "citus_added").await;
+    let c = db.connect().await;
     let bin = citus_bin().expect("Citus");
     let extra = Cluster::start_in(
         &bin,
@@ -730,6 +743,12 @@ async fn a_worker_added_later_serves_bound_calls() {
             ("max_prepared_transactions", "100"),
         ],
     );
+    // Jobs before the worker comes, to be moved onto it.
+    for i in 0..16 {
+        submit(&c, "tenant-a", &format!("before-{i}"), "gpu", &json!({}))
+            .await
+            .unwrap();
+    }
     {
         let _one_at_a_time = SETUP.lock().await;
         extra
@@ -744,15 +763,67 @@ async fn a_worker_added_later_serves_bound_calls() {
             .batch_execute("CREATE EXTENSION citus")
             .await
             .unwrap();
-        db.connect()
+        c.execute(
+            "SELECT citus_add_node('127.0.0.1', $1)",
+            &[&i32::from(extra.port())],
+        )
+        .await
+        .unwrap();
+        let answer: String = c
+            .query_one("SELECT intent.distribute()", &[])
             .await
-            .execute(
-                "SELECT citus_add_node('127.0.0.1', $1)",
-                &[&i32::from(extra.port())],
+            .unwrap_or_else(|e| panic!("distribute() again: {:?}", SqlError::from_error(&e)))
+            .get(0);
+        assert_eq!(
+            answer,
+            format!(
+                "already distributed; prepared the worker(s) 127.0.0.1:{}",
+                extra.port()
             )
+        );
+        let again: String = c
+            .query_one("SELECT intent.distribute()", &[])
             .await
-            .unwrap();
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            again,
+            "already distributed: every worker is prepared, nothing to do"
+        );
     }
+    for sql in [
+        "SELECT rebalance_table_shards(shard_transfer_mode => 'block_writes')",
+        "CALL citus_cleanup_orphaned_resources()",
+    ] {
+        c.batch_execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {:?}", SqlError::from_error(&e)));
+    }
+    let left: i64 = c
+        .query_one("SELECT count(*) FROM pg_dist_cleanup", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "Citus cleaned up every moved shard");
+    let on_extra: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_dist_shard_placement p JOIN pg_dist_shard s USING (shardid)
+              WHERE s.logicalrelid = 'intent.jobs'::regclass AND p.nodeport = $1",
+            &[&i32::from(extra.port())],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        on_extra > 0,
+        "the rebalance moved shards of jobs to the added worker"
+    );
+    let jobs: i64 = c
+        .query_one("SELECT count(*) FROM intent.jobs", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(jobs, 16, "every job survived the move");
     for (node, who) in [
         (&n.workers[0], "a first worker"),
         (&extra, "the added worker"),
@@ -769,8 +840,154 @@ async fn a_worker_added_later_serves_bound_calls() {
             &json!({}),
         )
         .await;
-        assert!(r.is_ok(), "a bound submit_job on {who}: {r:?}");
+        let job = match r {
+            Ok(r) => r.job_id,
+            Err(e) => panic!(
+                "a bound submit_job on {who}: {:?}",
+                SqlError::from_error(&e)
+            ),
+        };
+        let a = begin(&w, job, None, "30 seconds").await.unwrap();
+        assert_eq!(
+            complete(&w, a.attempt_id, a.version, &json!({}))
+                .await
+                .unwrap(),
+            "won",
+            "a bound lifecycle on {who}"
+        );
         w.batch_execute("COMMIT").await.unwrap();
+    }
+    // intent_owner logs in on every node (Citus connects to the workers as it, and keeps a
+    // role the same on every node); distribute() is not intent_owner's to rewrite.
+    let login = "SELECT rolcanlogin FROM pg_roles WHERE rolname = 'intent_owner'";
+    for node in std::iter::once(&n.coordinator)
+        .chain(&n.workers)
+        .chain([&extra])
+    {
+        let w = node.connect(&db.name).await;
+        assert!(w.query_one(login, &[]).await.unwrap().get::<_, bool>(0));
+    }
+    let owner: String = c
+        .query_one(
+            "SELECT proowner::regrole::text FROM pg_proc WHERE oid = 'intent.distribute()'::regprocedure",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_ne!(owner, "intent_owner");
+}
+
+/// Review of issue 14: what Citus sends a worker (its copy of the tables, the shards and their
+/// policies) is parsed with that worker's search path. A database owner there who puts a
+/// schema of theirs before pg_catalog, holding an `=` that is always true, is refused by
+/// distribute(); with the usual path, functions planted in `public` under the names the
+/// policies use change nothing: the policies name `intent.owner_admits`, on every shard.
+#[tokio::test]
+async fn a_workers_planted_search_path_cannot_open_the_policies() {
+    let n = citus_or_skip!();
+    let db = citus_db(n, "citus_planted").await;
+    let c = db.connect().await;
+    let w = n.workers[0].connect(&db.name).await;
+    w.batch_execute(&format!(
+        "SET citus.enable_ddl_propagation TO off;
+         CREATE SCHEMA evil;
+         CREATE FUNCTION evil.eq(text, text) RETURNS boolean LANGUAGE sql IMMUTABLE AS 'SELECT true';
+         CREATE OPERATOR evil.= (leftarg = text, rightarg = text, function = evil.eq);
+         CREATE FUNCTION public.owner_admits(text) RETURNS boolean LANGUAGE sql AS 'SELECT true';
+         CREATE FUNCTION public.bound_owner() RETURNS text LANGUAGE sql AS 'SELECT NULL::text';
+         ALTER DATABASE {} SET search_path = evil, pg_catalog",
+        db.name
+    ))
+    .await
+    .unwrap();
+    let e = expect_error(&c, "SELECT intent.distribute()", &[]).await;
+    assert_eq!(e.code, "55000", "{e:?}");
+    assert!(e.message.contains("before pg_catalog"), "{e:?}");
+    assert!(e.detail().contains("evil"), "{e:?}");
+    let distributed: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'intent.%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(distributed, 0, "the refusal changed nothing");
+
+    w.batch_execute(&format!("ALTER DATABASE {} RESET search_path", db.name))
+        .await
+        .unwrap();
+    let answer: String = c
+        .query_one("SELECT intent.distribute()", &[])
+        .await
+        .unwrap_or_else(|e| panic!("distribute(): {:?}", SqlError::from_error(&e)))
+        .get(0);
+    assert!(answer.starts_with("distributed"), "{answer}");
+    for node in &n.workers {
+        let w = node.connect(&db.name).await;
+        let (policies, foreign): (i64, i64) = {
+            let r = w
+                .query_one(
+                    "SELECT count(DISTINCT p.oid) FILTER (WHERE f.oid = 'intent.owner_admits(text)'::regprocedure),
+                            count(*) FILTER (WHERE f.pronamespace NOT IN ('intent'::regnamespace, 'pg_catalog'::regnamespace)
+                                               OR o.oprnamespace <> 'pg_catalog'::regnamespace)
+                       FROM pg_policy p
+                       JOIN pg_depend d ON d.classid = 'pg_policy'::regclass AND d.objid = p.oid
+                       LEFT JOIN pg_proc f ON d.refclassid = 'pg_proc'::regclass AND f.oid = d.refobjid
+                       LEFT JOIN pg_operator o ON d.refclassid = 'pg_operator'::regclass AND o.oid = d.refobjid
+                      WHERE p.polrelid::regclass::text LIKE 'intent.%'",
+                    &[],
+                )
+                .await
+                .unwrap();
+            (r.get(0), r.get(1))
+        };
+        assert!(
+            policies > 3,
+            "the shell's and the shards' policies call intent.owner_admits on {}: {policies}",
+            node.port()
+        );
+        assert_eq!(
+            foreign,
+            0,
+            "no policy uses a planted name on {}",
+            node.port()
+        );
+    }
+    for (owner, key) in [("tenant-b", "b-secret"), ("tenant-a", "a-1")] {
+        submit(&c, owner, key, "gpu", &json!({"card": key}))
+            .await
+            .unwrap();
+    }
+    let reader =
+        pg_intent_tests::roles::create_login_role(&c, "planted_reader", "IN ROLE intent_operator")
+            .await;
+    c.batch_execute(&format!(
+        "ALTER ROLE {reader} SET intent.owner_id = 'tenant-a'"
+    ))
+    .await
+    .unwrap();
+    for node in std::iter::once(&n.coordinator).chain(&n.workers) {
+        let (r, connection) = tokio_postgres::connect(&node.conn_str_as(&db.name, &reader), NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let seen: Vec<String> = r
+            // concat, not ::text: Citus 13.2 fails a multi-shard read of a domain column
+            // cast to its base type (42804, docs/scale-out.md).
+            .query("SELECT concat(owner_id) FROM intent.jobs ORDER BY 1", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        assert_eq!(
+            seen,
+            ["tenant-a"],
+            "a reader bound to tenant-a, on {}",
+            node.port()
+        );
     }
 }
 
@@ -918,7 +1135,7 @@ async fn an_existing_installation_is_migrated_with_its_rows() {
             .await
             .unwrap()
             .get::<_, String>(0),
-        "already distributed: nothing to do"
+        "already distributed: every worker is prepared, nothing to do"
     );
 }
 
