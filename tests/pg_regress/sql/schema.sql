@@ -113,8 +113,9 @@ SELECT c.relname, has_table_privilege('intent_regress_app', c.oid, 'SELECT') AS 
 SELECT count(*) AS functions, count(*) FILTER (WHERE has_function_privilege('intent_regress_app', p.oid, 'EXECUTE')) AS executable
   FROM pg_proc p WHERE p.pronamespace = 'intent'::regnamespace;
 -- The functions, one per row: the API (SECURITY DEFINER, with a pinned search_path), the
--- immutable id derivations, and the internal cores (a leading underscore) that only the API
--- calls.
+-- immutable id derivations, owner_admits (the distributed mode's policies: plain SQL, every
+-- name qualified, not pinned so that the planner inlines it), distribute() (its own settings),
+-- and the internal cores (a leading underscore) that only the API calls.
 SELECT p.oid::regprocedure AS function, p.prosecdef AS security_definer,
        p.proconfig IS NOT NULL AS pinned_search_path, p.provolatile AS volatility
   FROM pg_proc p WHERE p.pronamespace = 'intent'::regnamespace

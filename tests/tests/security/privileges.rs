@@ -19,6 +19,7 @@ const APP_CALLS: &[&str] = &[
     "attempt_id",
     "job_of",
     "bound_owner",
+    "owner_admits",
 ];
 const OPERATOR_CALLS: &[&str] = &["abandon_attempt", "record_reconciliation", "sweep", "purge"];
 const ADMIN_CALLS: &[&str] = &[
@@ -26,13 +27,15 @@ const ADMIN_CALLS: &[&str] = &[
     "certify_provider",
     "revoke_certification",
 ];
-/// The granted calls that are not SECURITY DEFINER: the pure id derivations, bound_owner, and
-/// define_contract (which must know its caller and switches to intent_owner itself).
+/// The granted calls that are not SECURITY DEFINER: the pure id derivations, bound_owner and
+/// owner_admits (what the policies call), and define_contract (which must know its caller and
+/// switches to intent_owner itself).
 const NOT_DEFINERS: &[&str] = &[
     "job_id",
     "attempt_id",
     "job_of",
     "bound_owner",
+    "owner_admits",
     "define_contract",
 ];
 
