@@ -37,6 +37,15 @@ AS 'MODULE_PATHNAME', 'intent_validate_result';
 COMMENT ON FUNCTION intent.validate_result(text, jsonb) IS
     'Checks a result against a contract (schema, then checker) without writing anything: valid, and the errors as [{"path", "message"} | {"checker"}]. Used by the contract-test harness and by DBAs.';
 
+-- What every pg_intent call does first (extension/src/replay.rs), for the drop guard below:
+-- in the distributed mode Citus may read intent.contracts over a connection of intent_owner's,
+-- and must then have nothing of the caller's to replay there (docs/security.md § 13).
+CREATE FUNCTION intent._before_distributed_read() RETURNS void
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'intent_before_distributed_read';
+COMMENT ON FUNCTION intent._before_distributed_read() IS
+    'Internal: refuses (42501) in the distributed mode while Citus holds SET commands it would replay on intent_owner''s connections; nothing otherwise. The drop guard calls it before reading intent.contracts.';
+
 -- A contract's checker is referenced by its identity (schema-qualified name and argument
 -- types), which records no dependency: without this guard a DROP FUNCTION would silently make
 -- every result of the contract fail its check (and a function created again under the same
@@ -70,6 +79,8 @@ BEGIN
     IF pg_catalog.to_regclass('intent.contracts') IS NULL THEN
         RETURN;
     END IF;
+    -- Distributed, the read below may go to a worker over a connection of intent_owner's.
+    PERFORM intent._before_distributed_read();
     -- Matched by schema and name (address_names: unquoted, whatever quote_all_identifiers says)
     -- and the one jsonb argument every checker takes, never by the quoted identity text.
     SELECT k.name, d.object_identity INTO c

@@ -28,7 +28,8 @@
 -- gets the coordinator's. Whoever can authenticate as intent_owner holds everything pg_intent
 -- holds (docs/security.md): pg_hba.conf must admit it from the cluster's nodes only.
 -- distribute() itself stays the installing superuser's (sql/privileges.sql), not
--- intent_owner's: it is what a superuser runs again after adding a worker.
+-- intent_owner's: it is what a superuser runs again after adding a worker. intent_owner's
+-- search path in this database is pinned to pg_catalog, pg_temp on every node.
 --
 -- Workers added later (citus_add_node) get pg_intent's install script from Citus, and with it
 -- the single-node definitions: calling intent.distribute() again prepares them, before the
@@ -166,6 +167,17 @@ BEGIN
     -- Citus propagates it to every node (and gives it to the nodes it adds later).
     IF NOT (SELECT rolcanlogin FROM pg_catalog.pg_roles WHERE rolname = 'intent_owner') THEN
         ALTER ROLE intent_owner LOGIN;
+    END IF;
+    -- Citus's statements on intent_owner's connections name pg_catalog's functions plainly
+    -- (statement_timestamp()): a search path a database owner sets on a worker later would
+    -- pick up functions of theirs there, run as intent_owner. A role's setting in a database
+    -- comes before the database's own, and Citus gives it to every node.
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_db_role_setting s
+                    WHERE s.setrole = 'intent_owner'::pg_catalog.regrole
+                      AND s.setdatabase = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())
+                      AND 'search_path=pg_catalog, pg_temp' = ANY (s.setconfig)) THEN
+        EXECUTE pg_catalog.format('ALTER ROLE intent_owner IN DATABASE %I SET search_path = pg_catalog, pg_temp',
+                                  pg_catalog.current_database());
     END IF;
 
     IF already THEN

@@ -7,7 +7,8 @@
 --     decided and on what evidence, as a reconciled event; the unique partial index
 --     events_one_reconciliation keeps it to one per attempt;
 --   * intent.distribute(), which refuses (55000) unless Citus is installed, the function
---     intent.owner_admits that its policies call, and the view intent.lost_races, whose join
+--     intent.owner_admits that its policies call, intent._before_distributed_read that the drop
+--     guard now calls (extension/src/replay.rs), and the view intent.lost_races, whose join
 --     to the winning attempt names the job too (same rows). Nothing else changes on a single
 --     node.
 
@@ -171,6 +172,17 @@ BEGIN
     IF NOT (SELECT rolcanlogin FROM pg_catalog.pg_roles WHERE rolname = 'intent_owner') THEN
         ALTER ROLE intent_owner LOGIN;
     END IF;
+    -- Citus's statements on intent_owner's connections name pg_catalog's functions plainly
+    -- (statement_timestamp()): a search path a database owner sets on a worker later would
+    -- pick up functions of theirs there, run as intent_owner. A role's setting in a database
+    -- comes before the database's own, and Citus gives it to every node.
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_db_role_setting s
+                    WHERE s.setrole = 'intent_owner'::pg_catalog.regrole
+                      AND s.setdatabase = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())
+                      AND 'search_path=pg_catalog, pg_temp' = ANY (s.setconfig)) THEN
+        EXECUTE pg_catalog.format('ALTER ROLE intent_owner IN DATABASE %I SET search_path = pg_catalog, pg_temp',
+                                  pg_catalog.current_database());
+    END IF;
 
     IF already THEN
         FOR r IN SELECT nodename, nodeport, success, result
@@ -288,6 +300,18 @@ ALTER FUNCTION intent.record_reconciliation(uuid, text, jsonb) OWNER TO intent_o
 REVOKE ALL ON FUNCTION intent.record_reconciliation(uuid, text, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION intent.record_reconciliation(uuid, text, jsonb) TO intent_operator;
 
+-- What every pg_intent call does first (extension/src/replay.rs), for the drop guard below:
+-- in the distributed mode Citus may read intent.contracts over a connection of intent_owner's,
+-- and must then have nothing of the caller's to replay there (docs/security.md § 13).
+CREATE FUNCTION intent._before_distributed_read() RETURNS void
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'intent_before_distributed_read';
+COMMENT ON FUNCTION intent._before_distributed_read() IS
+    'Internal: refuses (42501) in the distributed mode while Citus holds SET commands it would replay on intent_owner''s connections; nothing otherwise. The drop guard calls it before reading intent.contracts.';
+
+ALTER FUNCTION intent._before_distributed_read() OWNER TO intent_owner;
+REVOKE ALL ON FUNCTION intent._before_distributed_read() FROM PUBLIC;
+
 -- The drop guard reads intent.contracts only when a function taking one jsonb was dropped
 -- (every other DROP returns at once; on Citus, reading the reference table from a worker's
 -- shard DDL is refused). The same function otherwise: its owner and grants are kept.
@@ -315,6 +339,8 @@ BEGIN
     IF pg_catalog.to_regclass('intent.contracts') IS NULL THEN
         RETURN;
     END IF;
+    -- Distributed, the read below may go to a worker over a connection of intent_owner's.
+    PERFORM intent._before_distributed_read();
     -- Matched by schema and name (address_names: unquoted, whatever quote_all_identifiers says)
     -- and the one jsonb argument every checker takes, never by the quoted identity text.
     SELECT k.name, d.object_identity INTO c

@@ -103,6 +103,8 @@ impl Call {
             .detail("The call ran in a restricted security context: an index expression, or a function run by ANALYZE, VACUUM, CLUSTER, REINDEX, CREATE INDEX or REFRESH MATERIALIZED VIEW.")
             .hint("Call pg_intent from ordinary statements only."));
         }
+        // The distributed mode: nothing Citus would replay on this call's connections.
+        crate::replay::before_call()?;
         let security = security_context();
         CALLER_MEMORY.with_borrow_mut(|stack| stack.push(unsafe { pg_sys::CurrentMemoryContext }));
         Ok(Call {

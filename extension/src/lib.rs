@@ -30,6 +30,7 @@ pub extern "C-unwind" fn _PG_init() {
     purge::register();
     claim::register();
     dist::register();
+    replay::register();
 }
 
 mod batch;
@@ -51,6 +52,7 @@ mod owner;
 mod plans;
 mod purge;
 mod refusal;
+mod replay;
 mod schema;
 mod state;
 mod submit;

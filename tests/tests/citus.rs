@@ -901,7 +901,10 @@ async fn a_workers_planted_search_path_cannot_open_the_policies() {
     ))
     .await
     .unwrap();
-    let e = expect_error(&c, "SELECT intent.distribute()", &[]).await;
+    let e = {
+        let _one_at_a_time = SETUP.lock().await;
+        expect_error(&c, "SELECT intent.distribute()", &[]).await
+    };
     assert_eq!(e.code, "55000", "{e:?}");
     assert!(e.message.contains("before pg_catalog"), "{e:?}");
     assert!(e.detail().contains("evil"), "{e:?}");
@@ -918,11 +921,13 @@ async fn a_workers_planted_search_path_cannot_open_the_policies() {
     w.batch_execute(&format!("ALTER DATABASE {} RESET search_path", db.name))
         .await
         .unwrap();
-    let answer: String = c
-        .query_one("SELECT intent.distribute()", &[])
-        .await
-        .unwrap_or_else(|e| panic!("distribute(): {:?}", SqlError::from_error(&e)))
-        .get(0);
+    let answer: String = {
+        let _one_at_a_time = SETUP.lock().await;
+        c.query_one("SELECT intent.distribute()", &[])
+            .await
+            .unwrap_or_else(|e| panic!("distribute(): {:?}", SqlError::from_error(&e)))
+            .get(0)
+    };
     assert!(answer.starts_with("distributed"), "{answer}");
     for node in &n.workers {
         let w = node.connect(&db.name).await;
@@ -989,6 +994,143 @@ async fn a_workers_planted_search_path_cannot_open_the_policies() {
             node.port()
         );
     }
+    // After distribute(): a function of the database owner's, first on the worker's path, under
+    // a name Citus's statements use plainly, never runs as intent_owner (its path there is
+    // pinned).
+    w.batch_execute(&format!(
+        "SET citus.enable_ddl_propagation TO off;
+         CREATE SCHEMA later;
+         CREATE FUNCTION later.statement_timestamp() RETURNS timestamptz LANGUAGE plpgsql AS
+           $f$ BEGIN RAISE EXCEPTION 'a planted statement_timestamp ran as %', current_user; END $f$;
+         GRANT USAGE ON SCHEMA later TO PUBLIC;
+         ALTER DATABASE {} SET search_path = later, pg_catalog",
+        db.name
+    ))
+    .await
+    .unwrap();
+    let fresh = db.connect().await;
+    for sql in [
+        "SELECT intent.sweep()",
+        "SELECT count(*) FROM intent.claim_attempts(max_jobs => 5)",
+        "SELECT intent.purge('1 millisecond')",
+    ] {
+        fresh
+            .query(sql, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {:?}", SqlError::from_error(&e)));
+    }
+    w.batch_execute(&format!("ALTER DATABASE {} RESET search_path", db.name))
+        .await
+        .unwrap();
+}
+
+/// Second review of issue 14: with `citus.propagate_set_commands = 'local'` (any role may set
+/// it) Citus replays a transaction's SET LOCAL commands — the whole query string each came in —
+/// on the connections it opens later, and at once on those open; the calls' connections are
+/// intent_owner's. A call after such a command is refused, a SET after a call is refused, and
+/// the drop guard's read of the contracts (any role can make it run) is refused the same way:
+/// nothing runs as intent_owner.
+#[tokio::test]
+async fn set_commands_citus_would_replay_never_run_as_intent_owner() {
+    let n = citus_or_skip!();
+    let db = distributed_db(n, "citus_replay").await;
+    let c = db.connect().await;
+    let job = submit(&c, "tenant-b", "b-1", "gpu", &json!({}))
+        .await
+        .unwrap()
+        .job_id;
+    let payload = "DO $p$ BEGIN IF current_user = 'intent_owner' THEN
+                       RAISE EXCEPTION 'the payload ran as intent_owner';
+                   END IF; END $p$";
+    let tenant =
+        pg_intent_tests::roles::create_login_role(&c, "replay_tenant", "IN ROLE intent_app").await;
+    let plain = pg_intent_tests::roles::create_login_role(&c, "replay_plain", "").await;
+    c.batch_execute(&format!(
+        "ALTER ROLE {tenant} SET intent.owner_id = 'tenant-b'"
+    ))
+    .await
+    .unwrap();
+    // Before a call: the call refuses.
+    let t = pg_intent_tests::roles::connect_role(&db, &tenant).await;
+    t.batch_execute("SET citus.propagate_set_commands = 'local'")
+        .await
+        .unwrap();
+    t.batch_execute(&format!(
+        "BEGIN; SET LOCAL statement_timeout = '50s'; {payload}"
+    ))
+    .await
+    .unwrap();
+    let e = expect_error(&t, &format!("SELECT intent.cancel_job('{job}')"), &[]).await;
+    assert_eq!(e.code, "42501", "{e:?}");
+    assert!(e.message.contains("Citus propagates"), "{e:?}");
+    t.batch_execute("ROLLBACK").await.unwrap();
+    // Switching propagation off again does not help: Citus keeps what it collected.
+    t.batch_execute(&format!(
+        "BEGIN; SET LOCAL statement_timeout = '50s'; {payload};
+         SET LOCAL citus.propagate_set_commands = 'none'"
+    ))
+    .await
+    .unwrap();
+    let e = expect_error(
+        &t,
+        "SELECT * FROM intent.claim_attempts(max_jobs => 1)",
+        &[],
+    )
+    .await;
+    assert_eq!(e.code, "42501", "{e:?}");
+    t.batch_execute("ROLLBACK").await.unwrap();
+    // After a call: the SET is refused (Citus would send it at once on the call's connections).
+    t.batch_execute("SET citus.propagate_set_commands = 'none'")
+        .await
+        .unwrap();
+    t.batch_execute("BEGIN").await.unwrap();
+    t.query("SELECT * FROM intent.claim_attempts(max_jobs => 1)", &[])
+        .await
+        .unwrap();
+    t.batch_execute("SET LOCAL citus.propagate_set_commands = 'local'")
+        .await
+        .unwrap();
+    let e = t
+        .batch_execute(&format!("SET LOCAL statement_timeout = '50s'; {payload}"))
+        .await
+        .map_err(|e| SqlError::from_error(&e))
+        .expect_err("a propagated SET after a call");
+    assert_eq!(e.code, "42501", "{e:?}");
+    assert!(e.message.contains("Citus would propagate"), "{e:?}");
+    t.batch_execute("ROLLBACK").await.unwrap();
+    // A role with no grant at all, through the drop guard (reading the contracts remotely).
+    let p = pg_intent_tests::roles::connect_role(&db, &plain).await;
+    for sql in [
+        "CREATE FUNCTION pg_temp.g(jsonb) RETURNS boolean LANGUAGE sql AS 'SELECT true'",
+        "SET citus.enable_local_execution = off",
+        "SET citus.propagate_set_commands = 'local'",
+    ] {
+        p.batch_execute(sql).await.unwrap();
+    }
+    p.batch_execute(&format!(
+        "BEGIN; SET LOCAL statement_timeout = '50s'; {payload}"
+    ))
+    .await
+    .unwrap();
+    let e = p
+        .batch_execute("DROP FUNCTION pg_temp.g(jsonb)")
+        .await
+        .map_err(|e| SqlError::from_error(&e))
+        .expect_err("the guard's read after propagated SET commands");
+    assert_eq!(e.code, "42501", "{e:?}");
+    p.batch_execute("ROLLBACK").await.unwrap();
+    // Without them, the same drop works (the guard reads the contracts as before), and so do
+    // the calls.
+    p.batch_execute("SET citus.propagate_set_commands = 'none'")
+        .await
+        .unwrap();
+    p.batch_execute("DROP FUNCTION pg_temp.g(jsonb)")
+        .await
+        .unwrap_or_else(|e| panic!("{:?}", SqlError::from_error(&e)));
+    t.query(&format!("SELECT intent.cancel_job('{job}')"), &[])
+        .await
+        .unwrap_or_else(|e| panic!("{:?}", SqlError::from_error(&e)));
+    assert_eq!(job_row(&c, job).await.state, "cancelled");
 }
 
 /// Review of issue 14: the drop guard (an event trigger on every node) reads intent.contracts, a
