@@ -45,6 +45,18 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 # clang for bindgen, sudo because cargo-pgrx shells out to it, pg_cron for the schedules of
 # docs/scheduling.md (tests/tests/scheduling.rs), valgrind for the memory-checking pass
 # (scripts/valgrind.sh).
+# A fresh run builds about 20 GiB (the workspace, the extension for each major, the client's
+# tests) and its clusters take a few more in /tmp: say so at the start, rather than as an
+# obscure "No space left on device" twenty minutes in.
+check_disk() {
+  local dir="$CARGO_TARGET_DIR" free
+  mkdir -p "$dir"
+  free=$(df -Pk "$dir" | awk 'NR == 2 { print int($4 / 1048576) }')
+  if [ "$free" -lt 25 ]; then
+    log "WARNING: $free GiB free where the build goes ($dir); a fresh run needs about 25 GiB (the build, and clusters in /tmp)"
+  fi
+}
+
 install_packages() {
   local want=(postgresql-$DEFAULT_MAJOR postgresql-server-dev-$DEFAULT_MAJOR postgresql-$DEFAULT_MAJOR-cron libclang-dev clang sudo valgrind)
   local missing=()

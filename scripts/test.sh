@@ -23,6 +23,7 @@ cd "$ROOT"
 only="${1:-all}"
 case "$only" in all | majors | upgrade) ;; *) die "usage: $0 [majors|upgrade]" ;; esac
 
+check_disk
 install_packages
 install_majors
 setup_all
