@@ -37,8 +37,8 @@
 -- sends it is parsed with that path.
 --
 -- Refusals: 42501 unless a superuser calls it; 55000 (object_not_in_prerequisite_state)
--- without Citus in this database, on a node that is not the coordinator, or when a worker is
--- not ready (no pg_intent at this version, a search path that shadows pg_catalog). A refusal
+-- without Citus in this database, on a node that is not the coordinator, in the transaction
+-- that created pg_intent, or when a worker is not ready (no pg_intent at this version, a search path that shadows pg_catalog). A refusal
 -- changes nothing on the coordinator. On an installation already distributed whose workers
 -- are all prepared it does nothing and says so.
 
@@ -119,6 +119,16 @@ BEGIN
             USING ERRCODE = '55000',
                   DETAIL = 'This node is not the coordinator (citus_is_coordinator() is false). Nothing was changed.',
                   HINT = 'Connect to the coordinator; on a fresh coordinator run citus_set_coordinator_host() first.';
+    END IF;
+    -- Citus created pg_intent on the workers in this transaction, which has not committed: the
+    -- checks below ask the workers on connections of their own, which would not see it, and
+    -- creating it there again would wait for this transaction for ever.
+    IF (SELECT e.xmin FROM pg_catalog.pg_extension e WHERE e.extname = 'pg_intent')
+       OPERATOR(pg_catalog.=) pg_catalog.xid(pg_catalog.pg_current_xact_id_if_assigned()) THEN
+        RAISE EXCEPTION 'intent.distribute() must run after CREATE EXTENSION pg_intent has committed'
+            USING ERRCODE = '55000',
+                  DETAIL = 'The extension was created in this transaction. Nothing was changed.',
+                  HINT = 'COMMIT, then call intent.distribute() in a transaction of its own.';
     END IF;
     already := EXISTS (SELECT FROM pg_catalog.pg_dist_partition
                         WHERE logicalrelid = 'intent.jobs'::pg_catalog.regclass);

@@ -1024,6 +1024,34 @@ async fn a_workers_planted_search_path_cannot_open_the_policies() {
         .unwrap();
 }
 
+/// Third review of issue 14: `CREATE EXTENSION pg_intent` and `intent.distribute()` in one
+/// transaction hung for ever (distribute() asked the workers, on connections of their own,
+/// for an extension Citus had created there in the uncommitted transaction, and created it
+/// again, waiting for it). It refuses instead, changing nothing, and works after COMMIT.
+#[tokio::test]
+async fn distribute_in_the_transaction_that_created_the_extension_refuses() {
+    let n = citus_or_skip!();
+    let db = citus_db(n, "citus_same_xact").await;
+    let c = db.connect().await;
+    c.batch_execute("DROP EXTENSION pg_intent").await.unwrap();
+    let _one_at_a_time = SETUP.lock().await;
+    c.batch_execute("SET statement_timeout = '60s'; BEGIN; CREATE EXTENSION pg_intent")
+        .await
+        .unwrap();
+    let e = expect_error(&c, "SELECT intent.distribute()", &[]).await;
+    assert_eq!(e.code, "55000", "{e:?}");
+    assert!(e.message.contains("has committed"), "{e:?}");
+    c.batch_execute("ROLLBACK; CREATE EXTENSION pg_intent")
+        .await
+        .unwrap();
+    let answer: String = c
+        .query_one("SELECT intent.distribute()", &[])
+        .await
+        .unwrap_or_else(|e| panic!("distribute(): {:?}", SqlError::from_error(&e)))
+        .get(0);
+    assert!(answer.starts_with("distributed"), "{answer}");
+}
+
 /// Second review of issue 14: with `citus.propagate_set_commands = 'local'` (any role may set
 /// it) Citus replays a transaction's SET LOCAL commands — the whole query string each came in —
 /// on the connections it opens later, and at once on those open; the calls' connections are
