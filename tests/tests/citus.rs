@@ -100,6 +100,16 @@ async fn citus_db(n: &'static Nodes, prefix: &str) -> Db<'static> {
             .unwrap();
     }
     let c = n.coordinator.connect(&name).await;
+    join_nodes(&c, n).await;
+    c.batch_execute("CREATE EXTENSION pg_intent").await.unwrap();
+    Db {
+        cluster: &n.coordinator,
+        name,
+    }
+}
+
+/// Makes the database `c` is connected to on the coordinator a Citus cluster of the nodes.
+async fn join_nodes(c: &Client, n: &Nodes) {
     c.execute(
         "SELECT citus_set_coordinator_host('127.0.0.1', $1)",
         &[&i32::from(n.coordinator.port())],
@@ -113,11 +123,6 @@ async fn citus_db(n: &'static Nodes, prefix: &str) -> Db<'static> {
         )
         .await
         .unwrap();
-    }
-    c.batch_execute("CREATE EXTENSION pg_intent").await.unwrap();
-    Db {
-        cluster: &n.coordinator,
-        name,
     }
 }
 
@@ -1230,20 +1235,7 @@ async fn an_existing_installation_is_migrated_with_its_rows() {
             .await
             .unwrap();
     }
-    c.execute(
-        "SELECT citus_set_coordinator_host('127.0.0.1', $1)",
-        &[&i32::from(n.coordinator.port())],
-    )
-    .await
-    .unwrap();
-    for w in &n.workers {
-        c.execute(
-            "SELECT citus_add_node('127.0.0.1', $1)",
-            &[&i32::from(w.port())],
-        )
-        .await
-        .unwrap();
-    }
+    join_nodes(&c, n).await;
     let answer: String = c
         .query_one("SELECT intent.distribute()", &[])
         .await
