@@ -324,7 +324,7 @@ pub fn validate(
     }
     // A checker sees no owner's rows: it judges the result it is given, nothing else.
     if let Some(checker) = checker
-        && let Err(complaint) = crate::owner::pinned("", || {
+        && let Err(complaint) = crate::owner::without_owner(|| {
             crate::checker::run(checker, checker_owner, defined_by, result)
         })
     {
@@ -334,6 +334,23 @@ pub fn validate(
         }));
     }
     Some(Ok(()))
+}
+
+/// `intent.allow_checker_drop`: read by the drop guard (`sql/contracts_api.sql`), which lets a
+/// session that turns it on drop a function a contract uses as its checker. Defined here so
+/// that `SHOW` knows it and a value is checked; the guard reads it as a placeholder too.
+static ALLOW_CHECKER_DROP: pgrx::guc::GucSetting<bool> = pgrx::guc::GucSetting::<bool>::new(false);
+
+/// Registers `intent.allow_checker_drop`; called from `_PG_init`.
+pub fn register() {
+    pgrx::guc::GucRegistry::define_bool_guc(
+        c"intent.allow_checker_drop",
+        c"Lets this session drop functions that contracts use as checkers (for pg_restore --clean).",
+        c"Off: DROP of a contract's checker is refused (2BP01). On: the drop goes through and the contract's results are rejected until the function exists again under the same name (a restore creates it right after) or the contract is redefined.",
+        &ALLOW_CHECKER_DROP,
+        pgrx::guc::GucContext::Userset,
+        pgrx::guc::GucFlags::default(),
+    );
 }
 
 pub fn undefined(name: &str) -> Refusal {

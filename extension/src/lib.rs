@@ -27,6 +27,7 @@ pub extern "C-unwind" fn _PG_init() {
         unsafe { std::env::set_var("RUST_LIB_BACKTRACE", "0") };
     }
     owner::register();
+    contract::register();
     purge::register();
     claim::register();
     dist::register();
