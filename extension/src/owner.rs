@@ -4,27 +4,41 @@
 //! `ALTER ROLE … SET intent.owner_id`, and a trusted gateway can be allowed to bind each request
 //! with `GRANT SET ON PARAMETER intent.owner_id`. The row-level security policies of
 //! `sql/isolation.sql` read the binding through [`bound_owner`]; `submit_job` refuses to act for
-//! anyone else. The binding is, in this order:
+//! anyone else.
 //!
-//! 1. no owner at all, for the rest of the session, if the library was first loaded in parallel
-//!    mode while the setting held a value PostgreSQL could not re-apply there ([`POISONED`]);
-//! 2. the owner a running contract checker is pinned to ([`pinned`]; a checker sees no owner);
-//! 3. the setting, or when it is empty the binding the session user's role (or the database) was
+//! **The binding is a function of what a parallel worker restores from its leader** — the
+//! setting's current value, the session user, the current user, the catalog — and of nothing
+//! kept only in this process's memory: a worker runs the same policies with the leader's
+//! settings, not with the leader's statics. So every rule that needs memory is enforced where
+//! the setting is *changed*, which only a leader can do, and leaves the setting itself saying
+//! what binds:
+//!
+//! 1. one transaction acts for one owner: once the setting has bound the transaction (set, or
+//!    read by a call or a policy, to an owner), changing it to anything else before the
+//!    transaction ends is refused (42501, [`check_owner`]); a tenant's trigger running in a
+//!    gateway's bound transaction can neither rebind nor unbind it;
+//! 2. while a contract's checker runs ([`without_owner`]), the setting holds [`NO_OWNER`], at a
+//!    GUC nesting level of its own, as a function's `SET` clause would: the checker, and any
+//!    parallel worker of its queries, reads no owner's rows; nothing may change it meanwhile;
+//! 3. the library's first load in parallel mode, where PostgreSQL cannot re-apply a placeholder
+//!    value a client set before the load and drops it, is refused ([`register`]) unless the
+//!    dropped value is the one the next rule reads back anyway: the placeholder is then kept,
+//!    and the next statement outside parallel mode loads the library with it;
+//! 4. when the setting is empty: the binding the session user's role (or the database) was
 //!    given, read from `pg_db_role_setting` (by an index scan, no SQL: the library loads in
 //!    parallel workers, at `session_preload_libraries` time and inside arbitrary statements) as
 //!    PostgreSQL reads it at login — so a binding a client displaced before the library loaded
 //!    (a startup option, a `SET` of the placeholder, which PostgreSQL discards when the library
-//!    loads), or one that could not be re-applied in parallel mode, binds all the same (`SHOW
-//!    intent.owner_id` then reads empty; `intent.bound_owner()` tells);
-//!    — but no owner at all if the setting has changed within the transaction after it first
-//!    bound it: one transaction acts for one owner ([`FIRST_IN_TRANSACTION`]);
-//! 4. intersected with the binding of the role the code runs as, when that is not the session
+//!    loads) binds all the same (`SHOW intent.owner_id` then reads empty; `intent.bound_owner()`
+//!    tells);
+//! 5. intersected with the binding of the role the code runs as, when that is not the session
 //!    user (SET ROLE, a SECURITY DEFINER function, a maintenance command running a table
 //!    owner's index expression): a tenant's own code, wherever it runs, reads as that tenant.
 
 use crate::refusal::{Answer, Refusal};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
+use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -42,16 +56,32 @@ thread_local! {
     static BINDINGS: RefCell<HashMap<(pg_sys::Oid, pg_sys::Oid, bool), Binding>> =
         RefCell::new(HashMap::new());
     static FILLED_IN_TRANSACTION: Cell<bool> = const { Cell::new(false) };
-    /// The first owner the setting held in the current transaction.
-    static FIRST_IN_TRANSACTION: RefCell<Option<String>> = const { RefCell::new(None) };
-    /// While a contract's checker runs: the owner its reads are bound to ("": none).
-    static PINNED: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
-    /// The library was first loaded in parallel mode while the setting held a value that could
-    /// not be re-applied there: the session acts for no owner (reconnect).
-    static POISONED: Cell<bool> = const { Cell::new(false) };
+    /// The owner the current transaction is bound to: the first owner the setting held in it,
+    /// or held when a call or a policy first read it. Only [`check_owner`] reads it, in the
+    /// process that changes the setting (a leader: a parallel worker cannot change settings).
+    static TRANSACTION_OWNER: RefCell<Option<String>> = const { RefCell::new(None) };
+    /// How many [`without_owner`] scopes are open: nothing may change the setting meanwhile.
+    static PINS: Cell<u32> = const { Cell::new(0) };
+    /// While [`without_owner`] itself sets the setting.
+    static INTERNAL: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Registers the setting; called from `_PG_init`.
+/// The setting's value while a contract's checker runs: longer than any owner id may be
+/// ([`pg_intent_protocol::limits::MAX_NAME_CHARS`]), so it is no owner's, and it says what it is
+/// to whoever reads `SHOW intent.owner_id` there. [`bound_owner`] reads it as "no owner".
+pub const NO_OWNER: &str = concat!(
+    "(no owner: a pg_intent contract checker is running; it reads no owner's rows) ",
+    "................................................................................",
+    "................................................................................",
+    "................................................................................",
+);
+
+/// Registers the setting; called from `_PG_init`, first thing.
+///
+/// Refuses (55000) the library's first load in parallel mode while the setting holds a
+/// placeholder value that the catalog would not give back: PostgreSQL cannot re-apply it there
+/// and would drop it, and a gateway's binding could be that value. Nothing is registered then,
+/// the placeholder stays, and the next load outside parallel mode keeps it.
 pub fn register() {
     // SAFETY: reads a setting (a placeholder, before the definition) and the parallel flag.
     let (placeholder, parallel) = unsafe {
@@ -61,14 +91,27 @@ pub fn register() {
             .filter(|v| !v.is_empty());
         (value, pg_sys::IsInParallelMode())
     };
+    if parallel && let Some(value) = placeholder {
+        // SAFETY: a plain read of a backend global.
+        let session_user = unsafe { pg_sys::GetSessionUserId() };
+        if binding_of(session_user, true).map(|(o, _)| o) != Some(value) {
+            ErrorReport::new(
+                PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                "pg_intent cannot be loaded for the first time inside a parallel query while intent.owner_id is set",
+                "pg_intent::owner::register",
+            )
+            .set_detail("PostgreSQL cannot keep a setting's value when a library defining it is first loaded in parallel mode: the session's binding would be lost. Nothing was changed; the setting keeps its value.")
+            .set_hint("Load the library before the parallel query: run any pg_intent call first, LOAD 'pg_intent', or add it to session_preload_libraries.")
+            .report(PgLogLevel::ERROR);
+        }
+    }
+    // What the definition re-applies (the placeholder's values) neither binds the transaction
+    // nor is refused: the first read or SET after the load does.
+    INTERNAL.set(true);
     define();
+    INTERNAL.set(false);
     // SAFETY: registers a callback; no SQL.
     unsafe { pg_sys::RegisterXactCallback(Some(transaction_ends), std::ptr::null_mut()) };
-    if parallel && placeholder.is_some() && setting() != placeholder {
-        // PostgreSQL dropped the value with a WARNING ("cannot be set during a parallel
-        // operation"): it may have been a trusted gateway's binding. Fail closed.
-        POISONED.set(true);
-    }
 }
 
 fn define() {
@@ -84,10 +127,123 @@ fn define() {
             // a binding: a tenant's trigger fired inside a gateway's bound transaction could
             // otherwise unbind the rest of it. RESET intent.owner_id itself is superuser-only.
             GucFlags::NO_RESET_ALL,
-            None,
+            Some(check_owner),
             Some(assign_owner),
             None,
         );
+    }
+}
+
+/// Why changing the setting to `value` now would break rule 1 or 2 of the module comment
+/// (message, detail), or None when the change may go ahead. The one place the rule is decided;
+/// [`check_owner`] and [`check_utility`] apply it where PostgreSQL makes each kind of change.
+fn refused_change(value: &str) -> Option<(String, String)> {
+    if PINS.get() > 0 {
+        return Some((
+            "intent.owner_id cannot be changed while a contract's checker runs".to_string(),
+            "A checker reads no owner's rows, whatever the setting says.".to_string(),
+        ));
+    }
+    match TRANSACTION_OWNER.with_borrow(|o| o.clone()) {
+        Some(owner) if owner != value => Some((
+            "intent.owner_id cannot change within a transaction once it has bound it".to_string(),
+            format!(
+                "This transaction acts for owner \"{owner}\" until it ends; one transaction acts for one owner."
+            ),
+        )),
+        _ => None,
+    }
+}
+
+const CHANGE_HINT: &str = "Bind once per transaction (SET LOCAL intent.owner_id at its start); change it after COMMIT or ROLLBACK.";
+
+/// The setting's check hook: applies [`refused_change`] to `SET`, `SET LOCAL`, `set_config()`
+/// and a function's `SET` clause (source `PGC_S_SESSION`, in a transaction, in the leader). It
+/// passes everything else: validation (`ALTER ROLE … SET`: `PGC_S_TEST`), initialization and
+/// login settings, a parallel worker restoring its leader's settings (it must take them as they
+/// are), and pg_intent's own load and pin ([`INTERNAL`]). `RESET` and `SET … TO DEFAULT` run no
+/// check hook: [`check_utility`] sees them. Reverting a change — at the end of a
+/// (sub)transaction or of a function's `SET` clause — runs neither: it puts back a value that
+/// was allowed.
+#[pg_guard]
+unsafe extern "C-unwind" fn check_owner(
+    newval: *mut *mut c_char,
+    _extra: *mut *mut c_void,
+    source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: newval points at the proposed value (or NULL); the rest are plain reads.
+    let (value, in_transaction, worker) = unsafe {
+        let value = if newval.is_null() || (*newval).is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(*newval).to_string_lossy().into_owned()
+        };
+        (
+            value,
+            pg_sys::IsTransactionState(),
+            pg_sys::ParallelWorkerNumber >= 0,
+        )
+    };
+    if source != pg_sys::GucSource::PGC_S_SESSION || INTERNAL.get() || !in_transaction || worker {
+        return true;
+    }
+    let Some((message, detail)) = refused_change(&value) else {
+        return true;
+    };
+    // SAFETY: what GUC_check_errcode() and the GUC_check_err*() macros do: the strings are
+    // read by the caller's ereport, in the caller's memory context.
+    unsafe {
+        pg_sys::GUC_check_errcode(PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE as i32);
+        let text = |s: &str| pg_sys::pstrdup(CString::new(s).unwrap_or_default().as_ptr());
+        pg_sys::GUC_check_errmsg_string = text(&message);
+        pg_sys::GUC_check_errdetail_string = text(&detail);
+        pg_sys::GUC_check_errhint_string = text(CHANGE_HINT);
+    }
+    false
+}
+
+/// For every utility statement (the utility hook, `replay.rs`): applies [`refused_change`] to
+/// `RESET intent.owner_id` and `SET intent.owner_id TO DEFAULT`, which PostgreSQL carries out
+/// without the check hook (it puts the reset value back directly).
+///
+/// # Safety
+/// `stmt` is the statement the utility hook was given (or NULL).
+pub unsafe fn check_utility(stmt: *mut pg_sys::Node) {
+    // SAFETY: the node's tag is read before it is cast; the name is a C string of the node.
+    let resets = unsafe {
+        if stmt.is_null() || (*stmt).type_ != pg_sys::NodeTag::T_VariableSetStmt {
+            return;
+        }
+        let set = stmt as *mut pg_sys::VariableSetStmt;
+        matches!(
+            (*set).kind,
+            pg_sys::VariableSetKind::VAR_RESET | pg_sys::VariableSetKind::VAR_SET_DEFAULT
+        ) && !(*set).name.is_null()
+            && CStr::from_ptr((*set).name)
+                .to_bytes()
+                .eq_ignore_ascii_case(b"intent.owner_id")
+    };
+    if !resets {
+        return;
+    }
+    // SAFETY: reads the value RESET would put back.
+    let reset_to = unsafe {
+        let v = pg_sys::GetConfigOptionResetString(c"intent.owner_id".as_ptr());
+        if v.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(v).to_string_lossy().into_owned()
+        }
+    };
+    if let Some((message, detail)) = refused_change(&reset_to) {
+        ErrorReport::new(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            message,
+            "pg_intent::owner::check_utility",
+        )
+        .set_detail(detail)
+        .set_hint(CHANGE_HINT)
+        .report(PgLogLevel::ERROR);
     }
 }
 
@@ -96,28 +252,33 @@ fn define() {
 unsafe extern "C-unwind" fn assign_owner(newval: *const c_char, _extra: *mut c_void) {
     // SAFETY: newval is the setting's new value (or NULL); the transaction state is a read.
     let value = unsafe {
-        if newval.is_null() || !pg_sys::IsTransactionState() {
+        if newval.is_null() || !pg_sys::IsTransactionState() || INTERNAL.get() {
             return;
         }
         CStr::from_ptr(newval).to_string_lossy().into_owned()
     };
-    if !value.is_empty() && FIRST_IN_TRANSACTION.with_borrow(Option::is_none) {
-        FIRST_IN_TRANSACTION.set(Some(value));
+    bind_transaction(value);
+}
+
+/// Binds the current transaction to `owner` unless it is bound already (or `owner` is none).
+fn bind_transaction(owner: String) {
+    if !owner.is_empty() && owner != NO_OWNER && TRANSACTION_OWNER.with_borrow(Option::is_none) {
+        TRANSACTION_OWNER.set(Some(owner));
     }
 }
 
-/// At the end of every transaction: forget its first owner; after an abort, forget what was
+/// At the end of every transaction: forget its owner; after an abort, forget what was
 /// read from the catalog during it.
 #[pg_guard]
 unsafe extern "C-unwind" fn transaction_ends(event: pg_sys::XactEvent::Type, _arg: *mut c_void) {
     use pg_sys::XactEvent::*;
     match event {
         XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT | XACT_EVENT_PREPARE => {
-            FIRST_IN_TRANSACTION.set(None);
+            TRANSACTION_OWNER.set(None);
             FILLED_IN_TRANSACTION.set(false);
         }
         XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT => {
-            FIRST_IN_TRANSACTION.set(None);
+            TRANSACTION_OWNER.set(None);
             if FILLED_IN_TRANSACTION.replace(false) {
                 BINDINGS.with_borrow_mut(HashMap::clear);
             }
@@ -146,17 +307,42 @@ fn binding_of(role: pg_sys::Oid, login: bool) -> Binding {
     binding
 }
 
-/// Runs `f` with this session's reads bound to `owner` (empty: to no owner), whatever the
-/// setting says: for a contract's checker, which runs in the completing session.
-pub fn pinned<R>(owner: &str, f: impl FnOnce() -> R) -> R {
-    struct Unpin;
-    impl Drop for Unpin {
+/// Runs `f` with this session's reads bound to no owner, whatever the setting said: for a
+/// contract's checker, which runs in the completing session. The setting holds [`NO_OWNER`] at a
+/// GUC nesting level of its own (as a function's `SET` clause), so that parallel workers of the
+/// checker's queries, which restore the leader's settings, read no owner's rows either; nothing
+/// may change it meanwhile ([`check_owner`]).
+pub fn without_owner<R>(f: impl FnOnce() -> R) -> R {
+    struct Scope(i32);
+    impl Drop for Scope {
         fn drop(&mut self) {
-            PINNED.with_borrow_mut(|p| p.pop());
+            PINS.set(PINS.get() - 1);
+            // SAFETY: closes the level opened below, as a function's exit does; on an error the
+            // abort of the (sub)transaction has closed it already and this does nothing.
+            unsafe { pg_sys::AtEOXact_GUC(true, self.0) };
         }
     }
-    PINNED.with_borrow_mut(|p| p.push(owner.to_string()));
-    let _unpin = Unpin;
+    let no_owner = CString::new(NO_OWNER).expect("no NUL");
+    // SAFETY: what fmgr_security_definer does for a function's SET clause, as a superuser's
+    // function (the setting is superuser-only); the value is copied by the GUC machinery.
+    let level = unsafe {
+        let level = pg_sys::NewGUCNestLevel();
+        INTERNAL.set(true);
+        pg_sys::set_config_option(
+            c"intent.owner_id".as_ptr(),
+            no_owner.as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SAVE,
+            true,
+            0,
+            false,
+        );
+        INTERNAL.set(false);
+        level
+    };
+    PINS.set(PINS.get() + 1);
+    let _scope = Scope(level);
     f()
 }
 
@@ -268,19 +454,25 @@ unsafe fn setting_of(
 /// the rules). An empty text binds to no owner: it matches no row.
 #[pg_extern(stable, parallel_safe)]
 pub fn bound_owner() -> Option<String> {
-    if POISONED.get() {
+    let setting = setting();
+    if setting.as_deref() == Some(NO_OWNER) {
         return Some(String::new());
     }
-    if let Some(pinned) = PINNED.with_borrow(|p| p.last().cloned()) {
-        return Some(pinned);
-    }
-    // SAFETY: plain reads of the backend's user ids.
-    let (user, session_user) = unsafe { (pg_sys::GetUserId(), pg_sys::GetSessionUserId()) };
-    let session = setting().or_else(|| binding_of(session_user, true).map(|(o, _)| o));
-    let session = match FIRST_IN_TRANSACTION.with_borrow(|f| f.clone()) {
-        Some(first) if session.as_deref() != Some(first.as_str()) => Some(String::new()),
-        _ => session,
+    // SAFETY: plain reads of the backend's user ids and transaction state.
+    let (user, session_user, in_transaction) = unsafe {
+        (
+            pg_sys::GetUserId(),
+            pg_sys::GetSessionUserId(),
+            pg_sys::IsTransactionState(),
+        )
     };
+    if in_transaction
+        && let Some(owner) = &setting
+        && TRANSACTION_OWNER.with_borrow(Option::is_none)
+    {
+        bind_transaction(owner.clone());
+    }
+    let session = setting.or_else(|| binding_of(session_user, true).map(|(o, _)| o));
     let acting = if user == session_user {
         None
     } else {
@@ -304,8 +496,8 @@ pub fn check_acting_for(owner_id: &str) -> Answer<()> {
         Some(bound) if bound.is_empty() => Err(Refusal::insufficient_privilege(format!(
             "this session acts for no owner and cannot submit for owner \"{owner_id}\""
         ))
-        .detail("The session's binding changed within the transaction, its role's binding differs from the session's, or the library was first loaded in parallel mode while intent.owner_id had a value it could not keep.")
-        .hint("Bind once per transaction (or reconnect).")),
+        .detail("A contract's checker is running, or the binding of the role the code runs as differs from the session's.")
+        .hint("Submit from the session's own role, outside a checker.")),
         Some(bound) if bound != owner_id => Err(Refusal::insufficient_privilege(format!(
             "this session acts for owner \"{bound}\" and cannot submit for owner \"{owner_id}\""
         ))

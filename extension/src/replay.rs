@@ -207,6 +207,17 @@ unsafe extern "C-unwind" fn utility(
     dest: *mut pg_sys::DestReceiver,
     qc: *mut pg_sys::QueryCompletion,
 ) {
+    // SAFETY: the refusal is raised from inside pgrx's guard, as every pg_intent error is; the
+    // statement is the one PostgreSQL gave.
+    unsafe {
+        pg_sys::submodules::panic::pgrx_extern_c_guard(|| {
+            crate::owner::check_utility(if pstmt.is_null() {
+                std::ptr::null_mut()
+            } else {
+                (*pstmt).utilityStmt
+            })
+        })
+    };
     if CALLED.get() {
         // SAFETY: the refusal is raised from inside pgrx's guard, as every pg_intent error is.
         unsafe {

@@ -1020,17 +1020,21 @@ async fn a_checker_sees_no_owners_rows() {
 
 /// Boundary: bound tenant ↔ other owners. Route: a tenant's invoker-rights trigger fired inside a
 /// gateway's bound transaction runs as the gateway, which may set the parameter: it rebinds the
-/// rest of the request (SET LOCAL), or unbinds it (RESET). One transaction acts for one owner:
-/// after such a change it acts for none.
+/// rest of the request (SET LOCAL, set_config), or unbinds it (RESET), and then reads through
+/// a parallel worker, which restores the leader's setting and none of its memory. One
+/// transaction acts for one owner: once bound, any change of the binding within the transaction
+/// is refused (42501), so the setting a worker restores is always the transaction's binding.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_binding_cannot_change_within_a_transaction() {
     let s = scene("tm_rebind").await;
     let theirs = submit(&s.su, "tenant-b", "theirs", "gpu", &json!({}))
         .await
         .unwrap();
-    let gateway = create_login_role(&s.su, "gateway", "IN ROLE intent_app").await;
+    let gateway = create_login_role(&s.su, "gateway", "IN ROLE intent_operator").await;
     s.su.batch_execute(&format!(
-        "GRANT SET ON PARAMETER intent.owner_id TO \"{gateway}\""
+        "GRANT SET ON PARAMETER intent.owner_id TO \"{gateway}\";
+         CREATE TABLE public.big AS SELECT g FROM generate_series(1, 20000) g;
+         GRANT SELECT ON public.big TO PUBLIC;"
     ))
     .await
     .unwrap();
@@ -1041,10 +1045,19 @@ async fn a_binding_cannot_change_within_a_transaction() {
          GRANT USAGE ON SCHEMA evil TO \"{gateway}\";
          CREATE FUNCTION evil.rebind() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
-             IF NEW.x = 1 THEN SET LOCAL intent.owner_id = 'tenant-b'; ELSE RESET intent.owner_id; END IF;
+             CASE NEW.x
+                 WHEN 1 THEN SET LOCAL intent.owner_id = 'tenant-b';
+                 WHEN 2 THEN RESET intent.owner_id;
+                 WHEN 3 THEN PERFORM set_config('intent.owner_id', 'victim', true);
+                 ELSE SET intent.owner_id = '';
+             END CASE;
              RETURN NEW;
          END $$;
-         CREATE TRIGGER t BEFORE INSERT ON evil.inbox FOR EACH ROW EXECUTE FUNCTION evil.rebind();"
+         CREATE TRIGGER t BEFORE INSERT ON evil.inbox FOR EACH ROW EXECUTE FUNCTION evil.rebind();
+         -- What a parallel worker of the gateway's transaction can read of other owners' jobs.
+         CREATE FUNCTION evil.peek(int) RETURNS bigint LANGUAGE sql STABLE PARALLEL SAFE AS
+             $$ SELECT count(*) FROM intent.jobs WHERE owner_id <> 'tenant-a' $$;
+         GRANT EXECUTE ON FUNCTION evil.peek(int) TO \"{gateway}\";"
     ))
     .await
     .unwrap();
@@ -1052,32 +1065,97 @@ async fn a_binding_cannot_change_within_a_transaction() {
     g.query_one("SELECT intent.bound_owner()", &[])
         .await
         .unwrap();
-    for x in [1, 2] {
-        g.batch_execute(&format!(
-            "BEGIN; SET LOCAL intent.owner_id = 'tenant-a'; INSERT INTO evil.inbox VALUES ({x})"
-        ))
+    let force: String = g
+        .query_one(
+            "SELECT name FROM pg_settings WHERE name IN ('force_parallel_mode', 'debug_parallel_query')",
+            &[],
+        )
         .await
-        .unwrap();
+        .unwrap()
+        .get(0);
+    g.batch_execute(&format!(
+        "SET {force} = on; SET parallel_leader_participation = off;
+         SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0;"
+    ))
+    .await
+    .unwrap();
+    for x in [1, 2, 3, 4] {
+        // The issue's reproduction, by the tenant's trigger, then read through a worker.
+        g.batch_execute("BEGIN; SET LOCAL intent.owner_id = 'tenant-a'; SAVEPOINT s")
+            .await
+            .unwrap();
+        let e = g
+            .batch_execute(&format!("INSERT INTO evil.inbox VALUES ({x})"))
+            .await
+            .expect_err("the trigger changed the binding");
+        let e = SqlError::from_error(&e);
+        assert_eq!(e.code, "42501", "x = {x}: {e:?}");
+        assert!(
+            e.message
+                .contains("cannot change within a transaction once it has bound it"),
+            "x = {x}: {e:?}"
+        );
+        g.batch_execute("ROLLBACK TO SAVEPOINT s").await.unwrap();
         let bound: Option<String> = g
             .query_one("SELECT intent.bound_owner()", &[])
             .await
             .unwrap()
             .get(0);
-        assert_eq!(bound.as_deref(), Some(""), "x = {x}: bound to no owner");
+        assert_eq!(bound.as_deref(), Some("tenant-a"), "x = {x}");
+        let seen: i64 = g
+            .query_one("SELECT evil.peek(g) FROM public.big WHERE g = 1", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            seen, 0,
+            "x = {x}: a parallel worker read other owners' jobs"
+        );
         let victim = if x == 1 { theirs.job_id } else { s.victim_job };
         refusal(cancel(&g, victim, None).await, "IJ007");
         g.batch_execute("ROLLBACK").await.unwrap();
     }
-    // The next transaction binds afresh.
-    g.batch_execute("BEGIN; SET LOCAL intent.owner_id = 'tenant-b'")
-        .await
-        .unwrap();
+    // The gateway itself, after a read bound the transaction: refused the same way.
+    for change in [
+        "RESET intent.owner_id",
+        "SET LOCAL intent.owner_id = 'tenant-b'",
+        "SELECT set_config('intent.owner_id', '', true)",
+    ] {
+        g.batch_execute("BEGIN; SET LOCAL intent.owner_id = 'tenant-a'")
+            .await
+            .unwrap();
+        g.query_one("SELECT count(*) FROM intent.jobs", &[])
+            .await
+            .unwrap();
+        assert_eq!(
+            sqlstate_of(&g, change).await.as_deref(),
+            Some("42501"),
+            "{change}"
+        );
+        g.batch_execute("ROLLBACK").await.unwrap();
+    }
+    // Setting the same owner again is no change; the next transaction binds afresh.
+    g.batch_execute(
+        "BEGIN; SET LOCAL intent.owner_id = 'tenant-a'; SET LOCAL intent.owner_id = 'tenant-a'; COMMIT;
+         BEGIN; SET LOCAL intent.owner_id = 'tenant-b'",
+    )
+    .await
+    .unwrap();
     let bound: Option<String> = g
         .query_one("SELECT intent.bound_owner()", &[])
         .await
         .unwrap()
         .get(0);
     assert_eq!(bound.as_deref(), Some("tenant-b"));
+    let seen: i64 = g
+        .query_one("SELECT evil.peek(g) FROM public.big WHERE g = 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        seen, 1,
+        "a worker of tenant-b's transaction sees tenant-b's job"
+    );
     g.batch_execute("ROLLBACK").await.unwrap();
     assert_eq!(job_row(&s.su, theirs.job_id).await.state, "pending");
     s.victim_untouched("rebinding within a transaction").await;
@@ -1085,10 +1163,15 @@ async fn a_binding_cannot_change_within_a_transaction() {
 
 /// Boundary: bound tenant ↔ other owners. Route: a gateway binds with `SET LOCAL` before the
 /// library is loaded (a placeholder), and the library's first load happens in parallel mode,
-/// where PostgreSQL drops the placeholder's value. The session then acts for no owner.
+/// where PostgreSQL would drop the placeholder's value — in the leader under a Gather, or in a
+/// worker mid-query. The load is refused (55000) and the placeholder kept: once the library is
+/// loaded outside parallel mode, the leader and its workers act for the gateway's owner.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_binding_dropped_by_a_parallel_first_load_binds_to_no_owner() {
+async fn a_binding_dropped_by_a_parallel_first_load_is_refused() {
     let s = scene("tm_poison").await;
+    submit(&s.su, "tenant-a", "mine", "gpu", &json!({}))
+        .await
+        .unwrap();
     let gateway = create_login_role(&s.su, "gateway", "IN ROLE intent_app").await;
     // A reader of pg_intent's tables that row-level security binds (not a superuser).
     let reader = create_login_role(&s.su, "reader", "IN ROLE intent_operator").await;
@@ -1105,31 +1188,50 @@ async fn a_binding_dropped_by_a_parallel_first_load_binds_to_no_owner() {
     ))
     .await
     .unwrap();
-    let g = connect_role(&s.db, &gateway).await;
-    g.batch_execute(
-        "BEGIN; SET LOCAL intent.owner_id = 'tenant-a';
-         SET LOCAL parallel_setup_cost = 0; SET LOCAL parallel_tuple_cost = 0;
-         SET LOCAL min_parallel_table_scan_size = 0;",
-    )
-    .await
-    .unwrap();
-    g.batch_execute(
-        "SELECT set_config(name, 'on', true) FROM pg_settings
-          WHERE name IN ('force_parallel_mode', 'debug_parallel_query')",
-    )
-    .await
-    .unwrap();
-    let seen: i64 = g
-        .query_one("SELECT max(r.peek_definer()) FROM public.spread", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(seen, 0, "the first load in parallel mode saw jobs");
-    g.batch_execute("SELECT set_config(name, 'off', true) FROM pg_settings WHERE name IN ('force_parallel_mode', 'debug_parallel_query')")
+    let parallel = "SET LOCAL parallel_setup_cost = 0; SET LOCAL parallel_tuple_cost = 0;
+         SET LOCAL min_parallel_table_scan_size = 0;
+         SELECT set_config(name, 'on', true) FROM pg_settings
+          WHERE name IN ('force_parallel_mode', 'debug_parallel_query');";
+    for participation in ["on", "off"] {
+        let g = connect_role(&s.db, &gateway).await;
+        g.batch_execute(&format!(
+            "BEGIN; SET LOCAL intent.owner_id = 'tenant-a'; {parallel}
+             SET LOCAL parallel_leader_participation = {participation};"
+        ))
         .await
         .unwrap();
-    refusal(cancel(&g, s.victim_job, None).await, "IJ007");
-    g.batch_execute("ROLLBACK").await.unwrap();
+        let e = g
+            .query_one("SELECT max(r.peek_definer()) FROM public.spread", &[])
+            .await
+            .expect_err("a first load in parallel mode that would drop the binding");
+        let e = SqlError::from_error(&e);
+        assert_eq!(e.code, "55000", "participation {participation}: {e:?}");
+        g.batch_execute("ROLLBACK").await.unwrap();
+        // Loaded outside parallel mode, the binding holds in the leader and in every worker.
+        g.batch_execute(&format!(
+            "BEGIN; SET LOCAL intent.owner_id = 'tenant-a'; {parallel}
+             SET LOCAL parallel_leader_participation = {participation};"
+        ))
+        .await
+        .unwrap();
+        let bound: Option<String> = g
+            .query_one("SELECT intent.bound_owner()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(bound.as_deref(), Some("tenant-a"));
+        let seen: i64 = g
+            .query_one("SELECT max(r.peek_definer()) FROM public.spread", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            seen, 1,
+            "participation {participation}: the workers' binding"
+        );
+        refusal(cancel(&g, s.victim_job, None).await, "IJ007");
+        g.batch_execute("ROLLBACK").await.unwrap();
+    }
     s.victim_untouched("a parallel first load").await;
 }
 

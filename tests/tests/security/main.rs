@@ -13,11 +13,13 @@
 //!
 //! One test binary, a module per concern: [`privileges`] (the catalog and real calls, role by
 //! role), [`definer`] (who the functions run as, and their pinned search_path), [`shadows`]
-//! (objects planted in `public` and `pg_temp`), [`owners`] (owner isolation and binding), and
+//! (objects planted in `public` and `pg_temp`), [`owners`] (owner isolation and binding),
+//! [`parallel`] (the same reads again through parallel workers), and
 //! [`backups`].
 
 mod backups;
 mod definer;
 mod owners;
+mod parallel;
 mod privileges;
 mod shadows;

@@ -6,17 +6,17 @@ use pg_intent_tests::*;
 use std::collections::BTreeSet;
 
 /// One tenant's stake: a job in each interesting state, with its ids.
-struct Stake {
-    running: Begun,
-    unknown: Begun,
-    won_job: Uuid,
-    lost: Begun,
-    ids: Vec<Uuid>,
+pub(crate) struct Stake {
+    pub(crate) running: Begun,
+    pub(crate) unknown: Begun,
+    pub(crate) won_job: Uuid,
+    pub(crate) lost: Begun,
+    pub(crate) ids: Vec<Uuid>,
 }
 
 /// As `c` (bound to `owner`), creates a running job, an unknown attempt, and a job won by one
 /// attempt and lost by another (a lost race).
-async fn stake(c: &Client, operator: &Client, owner: &str) -> Stake {
+pub(crate) async fn stake(c: &Client, operator: &Client, owner: &str) -> Stake {
     let j1 = submit(c, owner, "running", "gpu", &json!({}))
         .await
         .unwrap();
@@ -54,7 +54,7 @@ async fn stake(c: &Client, operator: &Client, owner: &str) -> Stake {
 }
 
 /// The owners a session can see in each table and view.
-async fn owners_seen(c: &Client) -> Vec<(String, BTreeSet<String>)> {
+pub(crate) async fn owners_seen(c: &Client) -> Vec<(String, BTreeSet<String>)> {
     let mut seen = Vec::new();
     for (what, sql) in [
         ("jobs", "SELECT DISTINCT owner_id FROM intent.jobs"),
@@ -81,11 +81,11 @@ async fn owners_seen(c: &Client) -> Vec<(String, BTreeSet<String>)> {
     seen
 }
 
-fn only(owner: &str) -> BTreeSet<String> {
+pub(crate) fn only(owner: &str) -> BTreeSet<String> {
     BTreeSet::from([owner.to_string()])
 }
 
-async fn bound_owner(c: &Client) -> Option<String> {
+pub(crate) async fn bound_owner(c: &Client) -> Option<String> {
     c.query_one("SELECT intent.bound_owner()", &[])
         .await
         .unwrap()
@@ -94,7 +94,7 @@ async fn bound_owner(c: &Client) -> Option<String> {
 
 /// A login role (a member of intent_operator) bound for good to `owner`
 /// (`ALTER ROLE … SET intent.owner_id`).
-async fn tenant_role(admin: &Client, owner: &str) -> String {
+pub(crate) async fn tenant_role(admin: &Client, owner: &str) -> String {
     let role = create_login_role(admin, "tenant", "IN ROLE intent_operator").await;
     admin
         .batch_execute(&format!(
