@@ -84,8 +84,9 @@ BEGIN
         RETURN;
     END IF;
     -- A session that says so (pg_restore --clean drops every function before the extension,
-    -- and creates it again at once; docs/operations.md § Backups) may drop a checker.
-    IF pg_catalog.current_setting('intent.allow_checker_drop', true) OPERATOR(pg_catalog.=) 'on' THEN
+    -- and creates it again at once; docs/operations.md § Backups) may drop a checker. Before
+    -- the library is loaded the setting is a placeholder, its text as given.
+    IF pg_catalog.lower(pg_catalog.current_setting('intent.allow_checker_drop', true)) OPERATOR(pg_catalog.=) ANY (ARRAY['on', 'true', 'yes', '1']) THEN
         RETURN;
     END IF;
     -- Distributed, the read below may go to a worker over a connection of intent_owner's.

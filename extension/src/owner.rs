@@ -15,8 +15,11 @@
 //!
 //! 1. one transaction acts for one owner: once the setting has bound the transaction (set, or
 //!    read by a call or a policy, to an owner), changing it to anything else before the
-//!    transaction ends is refused (42501, [`check_owner`]); a tenant's trigger running in a
-//!    gateway's bound transaction can neither rebind nor unbind it;
+//!    transaction ends is refused (42501, [`check_owner`], [`check_utility`]); a tenant's
+//!    trigger running in a gateway's bound transaction can neither rebind nor unbind it. What
+//!    PostgreSQL changes back without asking (a rolled-back savepoint, the end of a function's
+//!    `SET` clause) binds the rest of the transaction to no owner, and the setting is made to
+//!    say so before the next query starts ([`pin_a_reverted_binding`]);
 //! 2. while a contract's checker runs ([`without_owner`]), the setting holds [`NO_OWNER`], at a
 //!    GUC nesting level of its own, as a function's `SET` clause would: the checker, and any
 //!    parallel worker of its queries, reads no owner's rows; nothing may change it meanwhile;
@@ -94,7 +97,11 @@ pub fn register() {
     if parallel && let Some(value) = placeholder {
         // SAFETY: a plain read of a backend global.
         let session_user = unsafe { pg_sys::GetSessionUserId() };
-        if binding_of(session_user, true).map(|(o, _)| o) != Some(value) {
+        let kept = binding_of(session_user, true).map(|(o, _)| o) == Some(value);
+        // The transaction-end callback is not registered yet: forget what was read here.
+        BINDINGS.with_borrow_mut(HashMap::clear);
+        FILLED_IN_TRANSACTION.set(false);
+        if !kept {
             ErrorReport::new(
                 PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                 "pg_intent cannot be loaded for the first time inside a parallel query while intent.owner_id is set",
@@ -107,11 +114,119 @@ pub fn register() {
     }
     // What the definition re-applies (the placeholder's values) neither binds the transaction
     // nor is refused: the first read or SET after the load does.
-    INTERNAL.set(true);
-    define();
-    INTERNAL.set(false);
-    // SAFETY: registers a callback; no SQL.
-    unsafe { pg_sys::RegisterXactCallback(Some(transaction_ends), std::ptr::null_mut()) };
+    {
+        let _internal = Internal::enter();
+        define();
+    }
+    // SAFETY: registers a callback and chains the executor hook, as every extension does; no
+    // SQL.
+    unsafe {
+        pg_sys::RegisterXactCallback(Some(transaction_ends), std::ptr::null_mut());
+        PREVIOUS_EXECUTOR_START = pg_sys::ExecutorStart_hook;
+        pg_sys::ExecutorStart_hook = Some(executor_start);
+    }
+}
+
+static mut PREVIOUS_EXECUTOR_START: pg_sys::ExecutorStart_hook_type = None;
+
+// PostgreSQL's own, declared here rather than through pgrx's bindings (which would carry an
+// error it raises on as a Rust panic and rebuild it): an error goes to PostgreSQL's handler
+// directly, with nothing of ours on the stack to skip.
+unsafe extern "C-unwind" {
+    #[link_name = "standard_ExecutorStart"]
+    fn postgres_standard_executor_start(query: *mut pg_sys::QueryDesc, eflags: i32);
+}
+
+/// Before every query a leader starts (and so before it can launch a parallel worker, which
+/// copies the settings as they are then): [`pin_a_reverted_binding`].
+unsafe extern "C-unwind" fn executor_start(query: *mut pg_sys::QueryDesc, eflags: i32) {
+    // SAFETY: inside pgrx's guard; then the previous hook, or PostgreSQL's own, with the
+    // arguments PostgreSQL gave.
+    unsafe {
+        pg_sys::submodules::panic::pgrx_extern_c_guard(pin_a_reverted_binding);
+        match PREVIOUS_EXECUTOR_START {
+            Some(previous) => previous(query, eflags),
+            None => postgres_standard_executor_start(query, eflags),
+        }
+    }
+}
+
+/// Rule 1's other half. A change of the setting that PostgreSQL makes without asking — the
+/// rollback of a savepoint, or the end of a function's `SET` clause, putting back the value the
+/// setting had before it bound the transaction — leaves the transaction bound to an owner the
+/// setting no longer names. [`bound_owner`] reads that as no owner; so that parallel workers,
+/// which read only the setting, do too, the setting itself is set to [`NO_OWNER`] for the rest
+/// of the transaction (`SET LOCAL`) before the leader starts its next query. Only the leader,
+/// outside parallel mode, can set it; a worker's setting is whatever its leader's was.
+fn pin_a_reverted_binding() {
+    // SAFETY: plain reads of backend state.
+    let (in_transaction, parallel, worker) = unsafe {
+        (
+            pg_sys::IsTransactionState(),
+            pg_sys::IsInParallelMode(),
+            pg_sys::ParallelWorkerNumber >= 0,
+        )
+    };
+    if !in_transaction || parallel || worker || !reverted(None) {
+        return;
+    }
+    let no_owner = CString::new(NO_OWNER).expect("no NUL");
+    // SAFETY: a SET LOCAL of a superuser-only setting, as a superuser's function would; the
+    // check hook lets pg_intent's own change through (INTERNAL).
+    unsafe {
+        let _internal = Internal::enter();
+        pg_sys::set_config_option(
+            c"intent.owner_id".as_ptr(),
+            no_owner.as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_LOCAL,
+            true,
+            0,
+            false,
+        );
+    }
+}
+
+/// Whether the setting (`now`, or read when None is given) no longer says what binds: a
+/// checker is running and it is not [`NO_OWNER`], or the transaction is bound to an owner it
+/// no longer names (and not to no owner already). Changes PostgreSQL makes without a check
+/// hook lead here: a rolled-back savepoint, the end of a function's `SET` clause, and a reset
+/// by `set_config(…, NULL, …)` or an `UPDATE` of `pg_settings`.
+fn reverted(now: Option<Option<&str>>) -> bool {
+    let pinned = PINS.get() > 0;
+    TRANSACTION_OWNER.with_borrow(|owner| {
+        if owner.is_none() && !pinned {
+            return false;
+        }
+        let read;
+        let now = match now {
+            Some(now) => now,
+            None => {
+                read = setting();
+                read.as_deref()
+            }
+        };
+        // While a checker runs, the setting must say no owner (a reset by NULL, which runs no
+        // check hook, may have changed it); otherwise it must name the transaction's owner.
+        now != Some(NO_OWNER) && (pinned || now != owner.as_deref())
+    })
+}
+
+/// While pg_intent itself sets the setting ([`INTERNAL`]); cleared however the scope ends.
+struct Internal;
+
+impl Internal {
+    fn enter() -> Internal {
+        INTERNAL.set(true);
+        Internal
+    }
+}
+
+impl Drop for Internal {
+    fn drop(&mut self) {
+        INTERNAL.set(false);
+    }
 }
 
 fn define() {
@@ -144,6 +259,13 @@ fn refused_change(value: &str) -> Option<(String, String)> {
             "A checker reads no owner's rows, whatever the setting says.".to_string(),
         ));
     }
+    if setting().as_deref() == Some(NO_OWNER) && value != NO_OWNER {
+        return Some((
+            "intent.owner_id cannot change within a transaction once it has bound it".to_string(),
+            "This transaction acts for no owner until it ends: its binding was undone within it."
+                .to_string(),
+        ));
+    }
     match TRANSACTION_OWNER.with_borrow(|o| o.clone()) {
         Some(owner) if owner != value => Some((
             "intent.owner_id cannot change within a transaction once it has bound it".to_string(),
@@ -172,7 +294,7 @@ unsafe extern "C-unwind" fn check_owner(
     source: pg_sys::GucSource::Type,
 ) -> bool {
     // SAFETY: newval points at the proposed value (or NULL); the rest are plain reads.
-    let (value, in_transaction, worker) = unsafe {
+    let (value, in_transaction, worker, restoring) = unsafe {
         let value = if newval.is_null() || (*newval).is_null() {
             String::new()
         } else {
@@ -182,12 +304,29 @@ unsafe extern "C-unwind" fn check_owner(
             value,
             pg_sys::IsTransactionState(),
             pg_sys::ParallelWorkerNumber >= 0,
+            pg_sys::InitializingParallelWorker,
         )
     };
-    if source != pg_sys::GucSource::PGC_S_SESSION || INTERNAL.get() || !in_transaction || worker {
+    if source != pg_sys::GucSource::PGC_S_SESSION || INTERNAL.get() || !in_transaction || restoring
+    {
         return true;
     }
-    let Some((message, detail)) = refused_change(&value) else {
+    let refused = if worker {
+        // A worker changes the setting only through a function's SET clause (PostgreSQL
+        // allows those in parallel mode). What binds is what it restored from its leader: the
+        // leader's transaction owner, or no owner; it may change nothing when that is bound.
+        match setting() {
+            Some(now) if now != value => Some((
+                "intent.owner_id cannot change within a transaction once it has bound it"
+                    .to_string(),
+                "A parallel worker acts for its leader's binding.".to_string(),
+            )),
+            _ => None,
+        }
+    } else {
+        refused_change(&value)
+    };
+    let Some((message, detail)) = refused else {
         return true;
     };
     // SAFETY: what GUC_check_errcode() and the GUC_check_err*() macros do: the strings are
@@ -327,7 +466,7 @@ pub fn without_owner<R>(f: impl FnOnce() -> R) -> R {
     // function (the setting is superuser-only); the value is copied by the GUC machinery.
     let level = unsafe {
         let level = pg_sys::NewGUCNestLevel();
-        INTERNAL.set(true);
+        let _internal = Internal::enter();
         pg_sys::set_config_option(
             c"intent.owner_id".as_ptr(),
             no_owner.as_ptr(),
@@ -338,7 +477,6 @@ pub fn without_owner<R>(f: impl FnOnce() -> R) -> R {
             0,
             false,
         );
-        INTERNAL.set(false);
         level
     };
     PINS.set(PINS.get() + 1);
@@ -455,7 +593,7 @@ unsafe fn setting_of(
 #[pg_extern(stable, parallel_safe)]
 pub fn bound_owner() -> Option<String> {
     let setting = setting();
-    if setting.as_deref() == Some(NO_OWNER) {
+    if setting.as_deref() == Some(NO_OWNER) || reverted(Some(setting.as_deref())) {
         return Some(String::new());
     }
     // SAFETY: plain reads of the backend's user ids and transaction state.

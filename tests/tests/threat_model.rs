@@ -962,14 +962,67 @@ async fn a_checker_sees_no_owners_rows() {
     ))
     .await
     .unwrap();
+    // A checker owner that may set the parameter: a reset by NULL (which runs no check hook)
+    // in the leader, then reads there and through workers; and a function whose SET clause
+    // names another owner, applied in a worker.
+    s.su.batch_execute(&format!(
+        "GRANT SET ON PARAMETER intent.owner_id TO \"{t}\";
+         CREATE TABLE public.spread AS SELECT g FROM generate_series(1, 20000) g;
+         GRANT SELECT ON public.spread TO PUBLIC;",
+        t = s.tenant
+    ))
+    .await
+    .unwrap();
+    t.batch_execute(&format!(
+        "CREATE FUNCTION evil.as_b(int) RETURNS bigint LANGUAGE sql STABLE PARALLEL SAFE
+             SET intent.owner_id = 'tenant-b'
+             AS $$ SELECT count(*) FROM intent.jobs WHERE owner_id = 'tenant-b' $$;
+         CREATE FUNCTION evil.unpins(r jsonb) RETURNS boolean LANGUAGE plpgsql STABLE
+             SET {force_parallel} = on SET parallel_setup_cost = 0 SET parallel_tuple_cost = 0
+             SET parallel_leader_participation = off AS $$
+         DECLARE seen text;
+         BEGIN
+             PERFORM set_config('intent.owner_id', NULL, true);
+             SELECT string_agg(x, '|') INTO seen FROM evil.helper() x;
+             seen := seen || '/' || coalesce((SELECT string_agg(owner_id, ',') FROM intent.jobs), '');
+             RAISE EXCEPTION 'LEAK[%]', seen;
+         END $$;
+         CREATE FUNCTION evil.sets_b(r jsonb) RETURNS boolean LANGUAGE plpgsql STABLE
+             SET {force_parallel} = on SET parallel_setup_cost = 0 SET parallel_tuple_cost = 0
+             SET parallel_leader_participation = off AS $$
+         BEGIN
+             RAISE EXCEPTION 'LEAK[%]', (SELECT evil.as_b(g) FROM public.spread WHERE g = 1);
+         END $$;"
+    ))
+    .await
+    .unwrap();
     s.su.batch_execute(&format!(
         "GRANT \"{}\" TO CURRENT_USER;
          SELECT intent.define_contract('sees', '{{}}', 'evil.sees(jsonb)');
-         SELECT intent.define_contract('leaks', '{{}}', 'evil.leaks(jsonb)');",
+         SELECT intent.define_contract('leaks', '{{}}', 'evil.leaks(jsonb)');
+         SELECT intent.define_contract('unpins', '{{}}', 'evil.unpins(jsonb)');
+         SELECT intent.define_contract('sets_b', '{{}}', 'evil.sets_b(jsonb)');",
         s.tenant
     ))
     .await
     .unwrap();
+    for contract in ["unpins", "sets_b"] {
+        let (_job, a) = begun(&s.su, "tenant-a", contract, contract).await;
+        assert_eq!(
+            complete(&s.su, a.attempt_id, 1, &json!({})).await.unwrap(),
+            "rejected",
+            "{contract}"
+        );
+        let error = attempt_row(&s.su, a.attempt_id)
+            .await
+            .error
+            .unwrap()
+            .to_string();
+        assert!(
+            !error.contains("tenant-b") && !error.contains("victim") && !error.contains("LEAK[1]"),
+            "{contract}: {error}"
+        );
+    }
     // Completed by an unbound worker: the checker sees nothing.
     let (_job, a) = begun(&s.su, "tenant-a", "checked", "sees").await;
     assert_eq!(
@@ -1041,7 +1094,9 @@ async fn a_binding_cannot_change_within_a_transaction() {
     let t = s.tenant().await;
     t.batch_execute(&format!(
         "CREATE TABLE evil.inbox (x int);
+         CREATE TABLE evil.seen (n bigint);
          GRANT INSERT ON evil.inbox TO \"{gateway}\";
+         GRANT INSERT, SELECT ON evil.seen TO \"{gateway}\";
          GRANT USAGE ON SCHEMA evil TO \"{gateway}\";
          CREATE FUNCTION evil.rebind() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
@@ -1049,8 +1104,14 @@ async fn a_binding_cannot_change_within_a_transaction() {
                  WHEN 1 THEN SET LOCAL intent.owner_id = 'tenant-b';
                  WHEN 2 THEN RESET intent.owner_id;
                  WHEN 3 THEN PERFORM set_config('intent.owner_id', 'victim', true);
-                 ELSE SET intent.owner_id = '';
+                 WHEN 4 THEN SET intent.owner_id = '';
+                 -- Resets PostgreSQL makes without the setting's check hook.
+                 WHEN 5 THEN PERFORM set_config('intent.owner_id', NULL, true);
+                 ELSE UPDATE pg_settings SET setting = NULL WHERE name = 'intent.owner_id';
              END CASE;
+             -- What the tenant's code can then read and do.
+             PERFORM intent.cancel_job(j.id, 'from the trigger') FROM intent.jobs j WHERE j.owner_id <> 'tenant-a';
+             INSERT INTO evil.seen SELECT count(*) FROM intent.jobs WHERE owner_id <> 'tenant-a';
              RETURN NEW;
          END $$;
          CREATE TRIGGER t BEFORE INSERT ON evil.inbox FOR EACH ROW EXECUTE FUNCTION evil.rebind();
@@ -1079,29 +1140,42 @@ async fn a_binding_cannot_change_within_a_transaction() {
     ))
     .await
     .unwrap();
-    for x in [1, 2, 3, 4] {
+    for x in [1, 2, 3, 4, 5, 6] {
         // The issue's reproduction, by the tenant's trigger, then read through a worker.
         g.batch_execute("BEGIN; SET LOCAL intent.owner_id = 'tenant-a'; SAVEPOINT s")
             .await
             .unwrap();
-        let e = g
+        let inserted = g
             .batch_execute(&format!("INSERT INTO evil.inbox VALUES ({x})"))
-            .await
-            .expect_err("the trigger changed the binding");
-        let e = SqlError::from_error(&e);
-        assert_eq!(e.code, "42501", "x = {x}: {e:?}");
-        assert!(
-            e.message
-                .contains("cannot change within a transaction once it has bound it"),
-            "x = {x}: {e:?}"
-        );
-        g.batch_execute("ROLLBACK TO SAVEPOINT s").await.unwrap();
+            .await;
+        if x <= 4 {
+            // A change the setting's check hook (or, for RESET, the utility hook) sees: refused.
+            let e = SqlError::from_error(&inserted.expect_err("the trigger changed the binding"));
+            assert_eq!(e.code, "42501", "x = {x}: {e:?}");
+            assert!(
+                e.message
+                    .contains("cannot change within a transaction once it has bound it"),
+                "x = {x}: {e:?}"
+            );
+            g.batch_execute("ROLLBACK TO SAVEPOINT s").await.unwrap();
+        } else {
+            // A reset PostgreSQL makes without asking: the rest of the transaction acts for no
+            // owner, in the trigger and after it, in the leader and in its workers.
+            inserted.unwrap_or_else(|e| panic!("x = {x}: {e:?}"));
+            let seen: i64 = g
+                .query_one("SELECT max(n) FROM evil.seen", &[])
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(seen, 0, "x = {x}: the trigger read other owners' jobs");
+        }
         let bound: Option<String> = g
             .query_one("SELECT intent.bound_owner()", &[])
             .await
             .unwrap()
             .get(0);
-        assert_eq!(bound.as_deref(), Some("tenant-a"), "x = {x}");
+        let expected = if x <= 4 { "tenant-a" } else { "" };
+        assert_eq!(bound.as_deref(), Some(expected), "x = {x}");
         let seen: i64 = g
             .query_one("SELECT evil.peek(g) FROM public.big WHERE g = 1", &[])
             .await
@@ -1113,6 +1187,33 @@ async fn a_binding_cannot_change_within_a_transaction() {
         );
         let victim = if x == 1 { theirs.job_id } else { s.victim_job };
         refusal(cancel(&g, victim, None).await, "IJ007");
+        g.batch_execute("ROLLBACK").await.unwrap();
+    }
+    // A function's SET clause, which PostgreSQL also applies inside a parallel worker: refused
+    // there as in the leader.
+    s.su.batch_execute(&format!(
+        "CREATE FUNCTION public.as_b(int) RETURNS bigint LANGUAGE sql STABLE PARALLEL SAFE
+             SET intent.owner_id = 'tenant-b'
+             AS $$ SELECT count(*) FROM intent.jobs WHERE owner_id = 'tenant-b' $$;
+         GRANT EXECUTE ON FUNCTION public.as_b(int) TO \"{gateway}\";"
+    ))
+    .await
+    .unwrap();
+    for (place, sql) in [
+        (
+            "a worker",
+            "SELECT public.as_b(g) FROM public.big WHERE g = 1",
+        ),
+        ("the leader", "SELECT public.as_b(1)"),
+    ] {
+        g.batch_execute("BEGIN; SET LOCAL intent.owner_id = 'tenant-a'")
+            .await
+            .unwrap();
+        g.query_one("SELECT intent.bound_owner()", &[])
+            .await
+            .unwrap();
+        let e = g.query_one(sql, &[]).await.expect_err(place);
+        assert_eq!(SqlError::from_error(&e).code, "42501", "{place}: {e:?}");
         g.batch_execute("ROLLBACK").await.unwrap();
     }
     // The gateway itself, after a read bound the transaction: refused the same way.
