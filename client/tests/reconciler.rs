@@ -1182,3 +1182,171 @@ async fn a_lock_any_role_holds_does_not_keep_an_attempt_undecided() {
     let again = rec_1.run_once(&mut s.operator().await).await.unwrap();
     assert!(again.reconciled.is_empty(), "{again:?}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 24 § 4: what a provider shared by several parties sees.
+// ---------------------------------------------------------------------------------------------
+
+/// Mallory shares the provider account and sends a request of her own under `key`, before the
+/// worker of the attempt does: the provider keeps it under that key, finished, with her output.
+async fn plant(s: &Setup, key: &str) {
+    use pg_intent_client::harness::{Provider, Request};
+    let prompt = Prompt {
+        system: captions::system_prompt(),
+        user: captions::user_prompt(&captions::input("planted by mallory")),
+    };
+    let request = Request::new(&prompt, &options()).idempotency_key(key);
+    s.gpu_a.call(&request).await.unwrap();
+    s.provider_reaches_key(key, "succeeded").await;
+}
+
+impl Setup {
+    async fn provider_reaches_key(&self, key: &str, status: &str) {
+        assert!(
+            eventually(Duration::from_secs(30), || {
+                let ok = self.server.request_status(key) == Some(status);
+                async move { ok }
+            })
+            .await,
+            "the provider never had {key} {status}"
+        );
+    }
+
+    /// Bob's job and its first attempt, begun.
+    async fn bobs_begun(&self, key: &str) -> (Uuid, Uuid) {
+        let job: Submitted<Value> = intent::submit_job(
+            &self.db,
+            &NewJob::new("b", key, PROVIDER, &captions::input("bob's own")).max_attempts(3),
+        )
+        .await
+        .unwrap();
+        let attempt = intent::begin_attempt(&self.db, job.job_id, BeginOptions::new())
+            .await
+            .unwrap();
+        (job.job_id, attempt.id())
+    }
+}
+
+/// Issue 24 § 4. With the default keys (the attempt id), the hypothesis holds: a "done" planted
+/// under another owner's attempt id by someone sharing the provider account completes that
+/// attempt with the planter's output. With a keyed derivation (HMAC-SHA256 under a secret the
+/// workers and the reconciler share) the provider key cannot be computed without the secret: a
+/// "done" planted under the raw id, or under a key derived with another secret, is never taken;
+/// the worker's own request is found and completes the attempt; an attempt the worker never
+/// sent is failed as never received (retryable), not completed with the planted output; and an
+/// attempt begun before the cut-over ([`ProviderKeys::raw_before`]) is still found under its id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_done_planted_under_a_computable_key_is_not_taken() {
+    use pg_intent_client::ProviderKeys;
+    let s = Setup::new().await;
+    let mut op = s.operator().await;
+    let subject = |job: &intent::JobRecord| -> Value {
+        job.result
+            .as_ref()
+            .map(|r| r["subject"].clone())
+            .unwrap_or(Value::Null)
+    };
+
+    // The default: the hypothesis holds (this is the exposure the default keeps).
+    let (job, attempt) = s.bobs_begun("plain").await;
+    plant(&s, &attempt.to_string()).await;
+    intent::mark_unknown(&s.db, attempt, Some("the worker died before sending"))
+        .await
+        .unwrap();
+    let pass = s.reconciler("rec-raw").run_once(&mut op).await.unwrap();
+    assert_eq!(
+        decision_of(&pass, attempt),
+        Decision::Completed(Completion::Won)
+    );
+    let j = intent::get_job(&s.db, job).await.unwrap().unwrap();
+    assert_eq!(subject(&j), json!("planted by mallory"), "{j:?}");
+
+    // Keyed: the workers and the reconciler share a secret.
+    let keys = ProviderKeys::keyed([42u8; 32]);
+    let keyed = suite().provider_keys(keys.clone());
+    let reconciler =
+        Reconciler::new(RequestLookup::new(&keyed).provider(s.gpu_a.clone())).name("rec-keyed");
+    assert_ne!(keys.key_for(attempt), attempt.to_string());
+
+    // The worker sent its request (under the keyed key) and lost the answer; Mallory planted
+    // under the raw id and under a key of her own secret.
+    let (sent_job, sent) = s.bobs_begun("sent").await;
+    plant(&s, &sent.to_string()).await;
+    plant(&s, &ProviderKeys::keyed([7u8; 32]).key_for(sent)).await;
+    keyed
+        .ask_for(&s.gpu_a, sent, &captions::input("bob's own"), &options())
+        .await
+        .unwrap();
+    let received = s.server.requests();
+    assert_eq!(
+        received.last().unwrap().idempotency_key,
+        Some(keys.key_for(sent))
+    );
+    intent::mark_unknown(&s.db, sent, Some("timeout"))
+        .await
+        .unwrap();
+
+    // The worker never sent its request; Mallory planted under the raw id.
+    let (unsent_job, unsent) = s.bobs_begun("unsent").await;
+    plant(&s, &unsent.to_string()).await;
+    intent::mark_unknown(&s.db, unsent, Some("the worker died before sending"))
+        .await
+        .unwrap();
+
+    let before = s.server.lookups().len();
+    let pass = reconciler.run_once(&mut op).await.unwrap();
+    assert_eq!(
+        decision_of(&pass, sent),
+        Decision::Completed(Completion::Won)
+    );
+    let j = intent::get_job(&s.db, sent_job).await.unwrap().unwrap();
+    assert_eq!(subject(&j), json!("bob's own"), "{j:?}");
+    assert_eq!(
+        decision_of(&pass, unsent),
+        Decision::Failed(JobState::Pending),
+        "the planted done was taken"
+    );
+    let j = intent::get_job(&s.db, unsent_job).await.unwrap().unwrap();
+    assert_eq!(j.result, None);
+    // Asked only under the keyed keys.
+    let asked = &s.server.lookups()[before..];
+    let mut asked = asked.to_vec();
+    asked.sort();
+    let mut expected = vec![keys.key_for(sent), keys.key_for(unsent)];
+    expected.sort();
+    assert_eq!(asked, expected);
+
+    // The cut-over: an attempt begun (and sent under its id) before the switch is found under
+    // its id; one begun after it, only under its keyed key.
+    let (old_job, old) = s.bobs_begun("before-the-switch").await;
+    suite()
+        .ask_for(&s.gpu_a, old, &captions::input("bob's own"), &options())
+        .await
+        .unwrap();
+    intent::mark_unknown(&s.db, old, Some("timeout"))
+        .await
+        .unwrap();
+    let switch: std::time::SystemTime =
+        s.db.query_one("SELECT clock_timestamp()", &[])
+            .await
+            .unwrap()
+            .get(0);
+    let (_, new) = s.bobs_begun("after-the-switch").await;
+    plant(&s, &new.to_string()).await;
+    intent::mark_unknown(&s.db, new, Some("the worker died before sending"))
+        .await
+        .unwrap();
+    let cut_over = Reconciler::new(
+        RequestLookup::new(&keyed)
+            .provider(s.gpu_a.clone())
+            .provider_keys(keys.clone().raw_before(switch)),
+    );
+    let pass = cut_over.run_once(&mut op).await.unwrap();
+    assert_eq!(
+        decision_of(&pass, old),
+        Decision::Completed(Completion::Won)
+    );
+    let j = intent::get_job(&s.db, old_job).await.unwrap().unwrap();
+    assert_eq!(subject(&j), json!("bob's own"));
+    assert_eq!(decision_of(&pass, new), Decision::Failed(JobState::Pending));
+}
