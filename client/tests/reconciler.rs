@@ -914,7 +914,7 @@ fn said_of(passes: &[Pass], attempt: Uuid) -> (Vec<Decision>, Vec<Decision>) {
 /// Issue 24 § 3: owner `a` holds `held` unknown attempts (at least the batch) that no lookup can
 /// decide; owner `b`'s one younger attempt is decided in the first pass of two reconcilers
 /// running at once (the bound for two owners with one attempt of `b`'s: one pass), once; and
-/// `a`'s own attempts take turns, each looked at within ⌈held / batch⌉ passes of one
+/// `a`'s own attempts take turns, each looked at within ⌈(held + 1) / batch⌉ passes of one
 /// reconciler.
 async fn fair_between_owners(batch: Option<u32>, held: i32) {
     let s = Setup::new().await;
@@ -972,8 +972,10 @@ async fn fair_between_owners(batch: Option<u32>, held: i32) {
             );
         }
     }
+    // (The bound with two owners is ⌈held / ⌊n/2⌋⌉ passes; b's attempt took one slot of the
+    // first pass only, so here ⌈(held + 1) / n⌉.)
     let mut op = s.operator().await;
-    for _ in 1..a.len().div_ceil(n) {
+    for _ in 1..(a.len() + 1).div_ceil(n) {
         let p = rec_1.run_once(&mut op).await.unwrap();
         assert!(p.errors.is_empty(), "{:?}", p.errors);
         seen.extend(p.reconciled.iter().map(|r| r.attempt_id));
