@@ -1,6 +1,8 @@
 //! Resolving attempts whose outcome is `unknown` by asking the provider what became of them.
 //!
-//! A worker sends every provider call with the **attempt id as the provider's idempotency key**
+//! A worker sends every provider call with the attempt's **provider idempotency key**: the
+//! attempt id, or its keyed derivation ([`crate::ProviderKeys`]; use one when several parties
+//! share a provider account, see [`crate::provider_keys`])
 //! ([`crate::harness::ContractSuite::work_for`], [`crate::harness::Request::idempotency_key`]).
 //! When the worker then loses track of the call (its timeout fired, it crashed), the provider
 //! can still be asked "what happened to request K?" — Stripe's model, which any provider that
@@ -18,18 +20,63 @@
 //! ([`Decision::LookupFailed`]): "the provider cannot tell" must be the provider's own answer,
 //! never a network error's.
 //!
-//! # Each decision once
+//! # Fairness
+//!
+//! A pass takes at most [`Reconciler::batch`] (`n`) `unknown` attempts, **in turns between the
+//! owners** that have some: first one attempt of every such owner, then a second of every owner
+//! that has two, and so on until `n` are taken. Each owner's attempts are taken in order
+//! (`started_at`, `id`) **starting after the last one of that owner this reconciler's previous
+//! pass took**, wrapping round; when a turn has more owners than room, the owners are taken in
+//! name order starting after the one the previous pass ended with. What it could not decide
+//! (nobody can tell yet, still running, the lookup failed, busy) is therefore not taken again
+//! before the owner's other attempts have had their turn, and never displaces another owner's.
+//!
+//! **The bound.** Let `O` be the number of owners with `unknown` attempts and `u` the number of
+//! one owner's own `unknown` attempts. Each of that owner's attempts is looked at (asked
+//! about, or found busy because another reconciler is asking, or found decided) within
+//! `⌈O / n⌉ · ⌈u / max(1, ⌊n / O⌋)⌉` passes of any one reconciler — whatever the other owners
+//! hold: their numbers of attempts do not appear in it. With `O ≤ n` every owner is served in
+//! every pass; an owner with one unknown attempt has it looked at in the **next pass**. (`O`
+//! and `u` are the largest they are meanwhile; an attempt that becomes `unknown` with a
+//! `started_at` before its owner's cursor waits for the owner's wrap, which `u` counts.) An
+//! attempt whose lock someone other than a reconciler holds is decided without it at its first
+//! turn at least [`Reconciler::busy_grace`] after its first (*Each decision once, and the
+//! lock*, below). A pass lasts at most about `n` × ([`Reconciler::lookup_timeout`] + the
+//! calls), so an owner whose provider never answers makes passes slower, but does not push
+//! another owner's turn to a later pass.
+//!
+//! The cursors live in the [`Reconciler`] (shared by its clones; a new process starts from the
+//! oldest again), one per owner that has `unknown` attempts; the database keeps none, so any
+//! number of reconcilers rotate independently, each keeping the bound in its own passes. The
+//! work list numbers every `unknown` attempt within its owner (one window over them, as the
+//! old "oldest first" list sorted them all) and reads only the chosen rows whole.
+//!
+//! # Each decision once, and the lock
 //!
 //! Any number of reconcilers may run at once, in any number of processes: each attempt is
 //! decided once. For every attempt the reconciler opens a `READ COMMITTED` transaction, takes a
 //! transaction-level advisory lock on the attempt id without waiting
-//! (`pg_try_advisory_xact_lock`; another reconciler holding it means [`Decision::Busy`]), reads
-//! the attempt's state **in a later statement** (so that it sees whatever the previous holder
-//! committed; an attempt that is no longer `unknown` is [`Decision::AlreadyDecided`]), asks
-//! the provider, makes the call and commits, which releases the lock. An advisory lock rather
-//! than `SELECT … FOR UPDATE`: an operator has `SELECT` on `intent.attempts`, and `FOR UPDATE`
-//! needs `UPDATE`. The calls themselves are idempotent and check the attempt's state as well, so
-//! a lock key shared with an unrelated application only makes an attempt wait a pass.
+//! (`pg_try_advisory_xact_lock(`[`LOCK_CLASS`]`, hashtext(id))`; another reconciler holding it
+//! means [`Decision::Busy`]), reads the attempt's state **in a later statement** (so that it
+//! sees whatever the previous holder committed; an attempt that is no longer `unknown` is
+//! [`Decision::AlreadyDecided`]), asks the provider, makes the call and commits, which releases
+//! the lock. An advisory lock rather than `SELECT … FOR UPDATE`: an operator has `SELECT` on
+//! `intent.attempts`, and `FOR UPDATE` needs `UPDATE`.
+//!
+//! **Nobody else can keep an attempt busy.** Advisory locks need no privilege, and the key is
+//! computable by anyone who knows the attempt id (derived from the owner and the job's key), or
+//! reads it in `pg_locks` while a reconciler holds it: any role can hold it for its whole
+//! session. A reconciler holds it for one lookup and one call, so an attempt this reconciler has
+//! found locked for longer than [`Reconciler::busy_grace`] (default twice the lookup timeout)
+//! is decided **without the lock**: the lookup and the call as above, and the `reconciled`
+//! event carries `"without_lock": {"held_by_another_for_s", "nonce"}`. Two reconcilers may then
+//! decide it at the same moment; both calls take the job's row lock, so the second runs after
+//! the first committed, and its `record_reconciliation` returns the first's event (one per
+//! attempt, index `events_one_reconciliation`) instead of its own: seeing another nonce, it
+//! rolls back its whole transaction — its call and whatever that call wrote (a late result, a
+//! late failure) — and answers [`Decision::AlreadyDecided`]. So the decision is still made once,
+//! and the lock only saves asking the provider twice. This needs pg_intent 0.4.0 on (the
+//! `reconciled` event): on a 0.3.0 catalog a locked attempt stays [`Decision::Busy`].
 //!
 //! # What is recorded
 //!
@@ -58,8 +105,10 @@
 //!
 //! # Privileges
 //!
-//! `SELECT` on `intent.attempts` (the work list), `EXECUTE` on `sweep` and `abandon_attempt`:
-//! an operator's role (`intent_operator`), on a session bound to no owner.
+//! `SELECT` on `intent.attempts` (the work list) and `intent.events` (a decision made without
+//! the lock checks its record), `EXECUTE` on `sweep`, `abandon_attempt` and
+//! `record_reconciliation`: an operator's role (`intent_operator`), on a session bound to no
+//! owner.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -197,7 +246,9 @@ pub enum Decision {
         /// How long ago it started.
         age: Duration,
     },
-    /// Another reconciler is deciding it at this moment: left to it.
+    /// Its lock is held by someone else — another reconciler deciding it at this moment: left
+    /// to it. (Held for longer than [`Reconciler::busy_grace`], the attempt is decided without
+    /// the lock instead.)
     Busy,
     /// It was no longer `unknown` when its lock was taken (decided by another reconciler, a
     /// person or the worker's late report): nothing to do.
@@ -344,7 +395,8 @@ SELECT a.id, a.job_id, a.attempt_no, a.provider, a.state::text, a.version_read, 
 /// How long a reconciler remembers an attempt it found locked and has not seen since.
 const FORGET_LOCKED_AFTER: Duration = Duration::from_secs(3600);
 
-/// A reconciler's memory between passes (see *Fairness* and *The lock*).
+/// A reconciler's memory between passes (the module documentation: *Fairness*, and *Each
+/// decision once, and the lock*).
 #[derive(Debug, Default)]
 struct Fairness {
     /// Per owner, the last of its attempts a pass took: `(started_at, id)`.
@@ -497,7 +549,7 @@ impl Reconciler {
     /// [`Reconciler::lookup_timeout`]). A reconciler holds it for one lookup and one call; a
     /// holder that keeps it longer is not deciding it, so the next pass at least this long
     /// after the attempt was first found locked decides it without the lock (the
-    /// [module](self) documentation: *The lock*).
+    /// [module](self) documentation: *Each decision once, and the lock*).
     pub fn busy_grace(mut self, grace: Duration) -> Self {
         self.busy_grace = Some(grace);
         self
@@ -647,7 +699,8 @@ impl Reconciler {
             .get(0);
         // Without the lock: decided all the same once it has been locked by someone else for
         // longer than a reconciler holds it (any role can take an advisory lock), tagged so
-        // that only the first decision's transaction commits (see *The lock*).
+        // that only the first decision's transaction commits (module documentation: *Each
+        // decision once, and the lock*).
         let mut unlocked = None;
         if locked {
             self.fairness().settled(attempt.id);
