@@ -551,7 +551,7 @@ pub async fn get_job(
     }))
 }
 
-fn attempt_record(row: &Row) -> Result<AttemptRecord, Error> {
+pub(crate) fn attempt_record(row: &Row) -> Result<AttemptRecord, Error> {
     Ok(AttemptRecord {
         id: get(row, 0)?,
         job_id: get(row, 1)?,

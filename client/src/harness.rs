@@ -174,6 +174,7 @@ use uuid::Uuid;
 use crate::calls::{certify_provider, validate_result};
 use crate::error::{Context, Error};
 use crate::exec::Executor;
+use crate::provider_keys::ProviderKeys;
 use crate::worker::WorkError;
 
 mod history;
@@ -250,9 +251,10 @@ pub struct Request {
     pub max_tokens: Option<u32>,
     /// A sampling seed, for providers that take one.
     pub seed: Option<u64>,
-    /// The provider's idempotency key for this call (`Idempotency-Key`): the attempt id when a
-    /// worker makes the call, so that a [`crate::Reconciler`] can later ask the provider what
-    /// became of it. `None` for the harness's own test runs.
+    /// The provider's idempotency key for this call (`Idempotency-Key`): when a worker makes
+    /// the call, the attempt id or its keyed derivation ([`crate::ProviderKeys`]), so that a
+    /// [`crate::Reconciler`] can later ask the provider what became of it. `None` for the
+    /// harness's own test runs.
     pub idempotency_key: Option<String>,
 }
 
@@ -499,6 +501,8 @@ pub struct ContractSuite {
     checks: Vec<Option<Arc<Check>>>,
     render: Arc<Render>,
     parse: Arc<Parse>,
+    /// The provider idempotency key of an attempt ([`ContractSuite::ask_for`]).
+    keys: ProviderKeys,
 }
 
 impl fmt::Debug for ContractSuite {
@@ -506,6 +510,7 @@ impl fmt::Debug for ContractSuite {
         f.debug_struct("ContractSuite")
             .field("contract", &self.contract)
             .field("cases", &self.cases)
+            .field("keys", &self.keys)
             .finish_non_exhaustive()
     }
 }
@@ -529,7 +534,23 @@ impl ContractSuite {
             checks: Vec::new(),
             render: Arc::new(render),
             parse: Arc::new(parse_json),
+            keys: ProviderKeys::default(),
         }
+    }
+
+    /// How an attempt's provider idempotency key is derived ([`ContractSuite::ask_for`]):
+    /// default [`ProviderKeys::attempt_id`], the attempt id itself. Give a keyed derivation
+    /// ([`ProviderKeys::keyed`], [`ProviderKeys::from_env`]) when parties that must not decide
+    /// each other's attempts share a provider account ([`crate::provider_keys`]); a
+    /// [`RequestLookup`] made from this suite asks under the same keys.
+    pub fn provider_keys(mut self, keys: ProviderKeys) -> Self {
+        self.keys = keys;
+        self
+    }
+
+    /// The derivation of [`ContractSuite::provider_keys`].
+    pub fn keys(&self) -> &ProviderKeys {
+        &self.keys
     }
 
     /// Adds a case.
@@ -620,10 +641,11 @@ impl ContractSuite {
         self.ask_keyed(provider, input, options, None).await
     }
 
-    /// [`ContractSuite::ask`] for an attempt: the call carries the attempt id as the
-    /// provider's idempotency key ([`Request::idempotency_key`]), so that the provider does
-    /// the work once however often it is sent, and a [`crate::Reconciler`] can ask the
-    /// provider what became of an attempt whose outcome is unknown.
+    /// [`ContractSuite::ask`] for an attempt: the call carries the attempt's provider
+    /// idempotency key ([`Request::idempotency_key`]: the attempt id, or its keyed derivation,
+    /// [`ContractSuite::provider_keys`]), so that the provider does the work once however
+    /// often it is sent, and a [`crate::Reconciler`] can ask the provider what became of an
+    /// attempt whose outcome is unknown.
     pub async fn ask_for<P: Provider>(
         &self,
         provider: &P,
@@ -631,8 +653,13 @@ impl ContractSuite {
         input: &Value,
         options: &RunOptions,
     ) -> Result<Value, Failure> {
-        self.ask_keyed(provider, input, options, Some(attempt_id.to_string()))
-            .await
+        self.ask_keyed(
+            provider,
+            input,
+            options,
+            Some(self.keys.key_for(attempt_id)),
+        )
+        .await
     }
 
     async fn ask_keyed<P: Provider>(

@@ -131,6 +131,7 @@ mod calls;
 mod error;
 mod exec;
 pub mod harness;
+pub mod provider_keys;
 pub mod reconciler;
 mod report;
 pub mod runner;
@@ -145,6 +146,7 @@ pub use calls::{
 };
 pub use error::Error;
 pub use exec::{Cached, Call, Connection, Executor, InTransaction, StatementCache, Transaction};
+pub use provider_keys::ProviderKeys;
 pub use reconciler::{Reconciler, StatusLookup};
 pub use runner::{Connections, Runner};
 pub use types::{

@@ -1,6 +1,8 @@
 //! Resolving attempts whose outcome is `unknown` by asking the provider what became of them.
 //!
-//! A worker sends every provider call with the **attempt id as the provider's idempotency key**
+//! A worker sends every provider call with the attempt's **provider idempotency key**: the
+//! attempt id, or its keyed derivation ([`crate::ProviderKeys`]; use one when several parties
+//! share a provider account, see [`crate::provider_keys`])
 //! ([`crate::harness::ContractSuite::work_for`], [`crate::harness::Request::idempotency_key`]).
 //! When the worker then loses track of the call (its timeout fired, it crashed), the provider
 //! can still be asked "what happened to request K?" — Stripe's model, which any provider that
@@ -18,18 +20,63 @@
 //! ([`Decision::LookupFailed`]): "the provider cannot tell" must be the provider's own answer,
 //! never a network error's.
 //!
-//! # Each decision once
+//! # Fairness
+//!
+//! A pass takes at most [`Reconciler::batch`] (`n`) `unknown` attempts, **in turns between the
+//! owners** that have some: first one attempt of every such owner, then a second of every owner
+//! that has two, and so on until `n` are taken. Each owner's attempts are taken in order
+//! (`started_at`, `id`) **starting after the last one of that owner this reconciler's previous
+//! pass took**, wrapping round; when a turn has more owners than room, the owners are taken in
+//! name order starting after the one the previous pass ended with. What it could not decide
+//! (nobody can tell yet, still running, the lookup failed, busy) is therefore not taken again
+//! before the owner's other attempts have had their turn, and never displaces another owner's.
+//!
+//! **The bound.** Let `O` be the number of owners with `unknown` attempts and `u` the number of
+//! one owner's own `unknown` attempts. Each of that owner's attempts is looked at (asked
+//! about, or found busy because another reconciler is asking, or found decided) within
+//! `⌈O / n⌉ · ⌈u / max(1, ⌊n / O⌋)⌉` passes of any one reconciler — whatever the other owners
+//! hold: their numbers of attempts do not appear in it. With `O ≤ n` every owner is served in
+//! every pass; an owner with one unknown attempt has it looked at in the **next pass**. (`O`
+//! and `u` are the largest they are meanwhile; an attempt that becomes `unknown` with a
+//! `started_at` before its owner's cursor waits for the owner's wrap, which `u` counts.) An
+//! attempt whose lock someone other than a reconciler holds is decided without it at its first
+//! turn at least [`Reconciler::busy_grace`] after its first (*Each decision once, and the
+//! lock*, below). A pass lasts at most about `n` × ([`Reconciler::lookup_timeout`] + the
+//! calls), so an owner whose provider never answers makes passes slower, but does not push
+//! another owner's turn to a later pass.
+//!
+//! The cursors live in the [`Reconciler`] (shared by its clones; a new process starts from the
+//! oldest again), one per owner that has `unknown` attempts; the database keeps none, so any
+//! number of reconcilers rotate independently, each keeping the bound in its own passes. The
+//! work list numbers every `unknown` attempt within its owner (one window over them, as the
+//! old "oldest first" list sorted them all) and reads only the chosen rows whole.
+//!
+//! # Each decision once, and the lock
 //!
 //! Any number of reconcilers may run at once, in any number of processes: each attempt is
 //! decided once. For every attempt the reconciler opens a `READ COMMITTED` transaction, takes a
 //! transaction-level advisory lock on the attempt id without waiting
-//! (`pg_try_advisory_xact_lock`; another reconciler holding it means [`Decision::Busy`]), reads
-//! the attempt's state **in a later statement** (so that it sees whatever the previous holder
-//! committed; an attempt that is no longer `unknown` is [`Decision::AlreadyDecided`]), asks
-//! the provider, makes the call and commits, which releases the lock. An advisory lock rather
-//! than `SELECT … FOR UPDATE`: an operator has `SELECT` on `intent.attempts`, and `FOR UPDATE`
-//! needs `UPDATE`. The calls themselves are idempotent and check the attempt's state as well, so
-//! a lock key shared with an unrelated application only makes an attempt wait a pass.
+//! (`pg_try_advisory_xact_lock(`[`LOCK_CLASS`]`, hashtext(id))`; another reconciler holding it
+//! means [`Decision::Busy`]), reads the attempt's state **in a later statement** (so that it
+//! sees whatever the previous holder committed; an attempt that is no longer `unknown` is
+//! [`Decision::AlreadyDecided`]), asks the provider, makes the call and commits, which releases
+//! the lock. An advisory lock rather than `SELECT … FOR UPDATE`: an operator has `SELECT` on
+//! `intent.attempts`, and `FOR UPDATE` needs `UPDATE`.
+//!
+//! **Nobody else can keep an attempt busy.** Advisory locks need no privilege, and the key is
+//! computable by anyone who knows the attempt id (derived from the owner and the job's key), or
+//! reads it in `pg_locks` while a reconciler holds it: any role can hold it for its whole
+//! session. A reconciler holds it for one lookup and one call, so an attempt this reconciler has
+//! found locked for longer than [`Reconciler::busy_grace`] (default twice the lookup timeout)
+//! is decided **without the lock**: the lookup and the call as above, and the `reconciled`
+//! event carries `"without_lock": {"held_by_another_for_s", "nonce"}`. Two reconcilers may then
+//! decide it at the same moment; both calls take the job's row lock, so the second runs after
+//! the first committed, and its `record_reconciliation` returns the first's event (one per
+//! attempt, index `events_one_reconciliation`) instead of its own: seeing another nonce, it
+//! rolls back its whole transaction — its call and whatever that call wrote (a late result, a
+//! late failure) — and answers [`Decision::AlreadyDecided`]. So the decision is still made once,
+//! and the lock only saves asking the provider twice. This needs pg_intent 0.4.0 on (the
+//! `reconciled` event): on a 0.3.0 catalog a locked attempt stays [`Decision::Busy`].
 //!
 //! # What is recorded
 //!
@@ -58,22 +105,25 @@
 //!
 //! # Privileges
 //!
-//! `SELECT` on `intent.attempts` (the work list), `EXECUTE` on `sweep` and `abandon_attempt`:
-//! an operator's role (`intent_operator`), on a session bound to no owner.
+//! `SELECT` on `intent.attempts` (the work list) and `intent.events` (a decision made without
+//! the lock checks its record), `EXECUTE` on `sweep`, `abandon_attempt` and
+//! `record_reconciliation`: an operator's role (`intent_operator`), on a session bound to no
+//! owner.
 
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Value, json};
 use tokio_postgres::IsolationLevel;
 use uuid::Uuid;
 
 use crate::calls::{
-    MAX_REASON_CHARS, abandon_attempt, complete_attempt, fail_attempt, record_reconciliation,
-    sweep, unknown_attempts,
+    MAX_REASON_CHARS, abandon_attempt, attempt_record, complete_attempt, fail_attempt,
+    record_reconciliation, sweep,
 };
 use crate::error::{Context, Error};
 use crate::exec::{Connection, Executor, StatementCache};
@@ -196,7 +246,9 @@ pub enum Decision {
         /// How long ago it started.
         age: Duration,
     },
-    /// Another reconciler is deciding it at this moment: left to it.
+    /// Its lock is held by someone else — another reconciler deciding it at this moment: left
+    /// to it. (Held for longer than [`Reconciler::busy_grace`], the attempt is decided without
+    /// the lock instead.)
     Busy,
     /// It was no longer `unknown` when its lock was taken (decided by another reconciler, a
     /// person or the worker's late report): nothing to do.
@@ -316,6 +368,94 @@ pub const DEFAULT_BATCH: u32 = 100;
 /// The default [`Reconciler::lookup_timeout`].
 pub const DEFAULT_LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The work list of a pass (see *Fairness*): every `unknown` attempt numbered within its owner
+/// (its *turn*), starting after the owner's cursor (`$2`–`$4`: the last attempt of that owner
+/// the previous pass took) and wrapping round; taken turn by turn, each turn's owners in name
+/// order starting after `$5` (the owner the previous pass ended with), at most `$1`. Only the
+/// chosen rows are read whole.
+const WORK_LIST: &str = "\
+WITH cursors AS (
+    SELECT * FROM ROWS FROM (pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::timestamptz[]),
+                             pg_catalog.unnest($4::uuid[])) AS c(owner_id, started_at, id)
+), turns AS (
+    SELECT a.id, a.owner_id::text AS owner_id,
+           pg_catalog.row_number() OVER (PARTITION BY a.owner_id ORDER BY
+               coalesce((a.started_at, a.id) <= (c.started_at, c.id), false), a.started_at, a.id) AS turn
+      FROM intent.attempts a LEFT JOIN cursors c ON c.owner_id = a.owner_id::text
+     WHERE a.state = 'unknown'
+), chosen AS (
+    SELECT id, owner_id, turn, coalesce(owner_id <= $5::text, false) AS wrapped
+      FROM turns ORDER BY turn, wrapped, owner_id LIMIT $1
+)
+SELECT a.id, a.job_id, a.attempt_no, a.provider, a.state::text, a.version_read, a.worker, a.lease,
+       a.started_at, a.deadline, a.finished_at, a.result, a.error, w.owner_id
+  FROM chosen w JOIN intent.attempts a ON a.id = w.id
+ ORDER BY w.turn, w.wrapped, w.owner_id";
+
+/// How long a reconciler remembers an attempt it found locked and has not seen since.
+const FORGET_LOCKED_AFTER: Duration = Duration::from_secs(3600);
+
+/// A reconciler's memory between passes (the module documentation: *Fairness*, and *Each
+/// decision once, and the lock*).
+#[derive(Debug, Default)]
+struct Fairness {
+    /// Per owner, the last of its attempts a pass took: `(started_at, id)`.
+    cursors: HashMap<String, (SystemTime, Uuid)>,
+    /// The owner the last pass ended with.
+    last_owner: Option<String>,
+    /// Attempts found locked by someone else: since when, and when last.
+    locked: HashMap<Uuid, (Instant, Instant)>,
+}
+
+type Cursors = (Vec<String>, Vec<SystemTime>, Vec<Uuid>, Option<String>);
+
+impl Fairness {
+    fn cursors(&self) -> Cursors {
+        let mut owners = Vec::with_capacity(self.cursors.len());
+        let mut starts = Vec::with_capacity(self.cursors.len());
+        let mut ids = Vec::with_capacity(self.cursors.len());
+        for (owner, (started, id)) in &self.cursors {
+            owners.push(owner.clone());
+            starts.push(*started);
+            ids.push(*id);
+        }
+        (owners, starts, ids, self.last_owner.clone())
+    }
+
+    /// After a work list: each owner's cursor on the last of its attempts taken, the owner
+    /// cursor on the list's last. `complete`: the list had every `unknown` attempt, so an owner
+    /// not in it has none left and its cursor goes.
+    fn advance(&mut self, owners: &[String], work: &[AttemptRecord], complete: bool) {
+        if complete {
+            let listed: HashSet<&String> = owners.iter().collect();
+            self.cursors.retain(|owner, _| listed.contains(owner));
+        }
+        for (owner, attempt) in owners.iter().zip(work) {
+            self.cursors
+                .insert(owner.clone(), (attempt.started_at, attempt.id));
+        }
+        if let Some(last) = owners.last() {
+            self.last_owner = Some(last.clone());
+        }
+        self.locked
+            .retain(|_, (_, seen)| seen.elapsed() < FORGET_LOCKED_AFTER);
+    }
+
+    /// The attempt was found locked by someone else: for how long it has been (since this
+    /// reconciler first found it so).
+    fn locked_for(&mut self, id: Uuid) -> Duration {
+        let now = Instant::now();
+        let (since, seen) = self.locked.entry(id).or_insert((now, now));
+        *seen = now;
+        now.duration_since(*since)
+    }
+
+    /// The attempt's lock was taken, or it is decided: forget it was found locked.
+    fn settled(&mut self, id: Uuid) {
+        self.locked.remove(&id);
+    }
+}
+
 /// Resolves `unknown` attempts by asking their provider (see the [module](self) documentation).
 ///
 /// ```no_run
@@ -341,7 +481,11 @@ pub struct Reconciler {
     abandon_after: Option<Duration>,
     batch: u32,
     lookup_timeout: Duration,
+    busy_grace: Option<Duration>,
     name: String,
+    /// Where the next pass starts, and which attempts were found locked since when: shared by
+    /// the clones of one reconciler.
+    fair: Arc<Mutex<Fairness>>,
 }
 
 impl fmt::Debug for Reconciler {
@@ -350,6 +494,7 @@ impl fmt::Debug for Reconciler {
             .field("abandon_after", &self.abandon_after)
             .field("batch", &self.batch)
             .field("lookup_timeout", &self.lookup_timeout)
+            .field("busy_grace", &self.grace())
             .field("name", &self.name)
             .finish_non_exhaustive()
     }
@@ -364,7 +509,9 @@ impl Reconciler {
             abandon_after: None,
             batch: DEFAULT_BATCH,
             lookup_timeout: DEFAULT_LOOKUP_TIMEOUT,
+            busy_grace: None,
             name: "reconciler".into(),
+            fair: Arc::default(),
         }
     }
 
@@ -383,8 +530,9 @@ impl Reconciler {
         self
     }
 
-    /// How many `unknown` attempts one pass takes on, oldest first (default
-    /// [`DEFAULT_BATCH`]; at least 1).
+    /// How many `unknown` attempts one pass takes on (default [`DEFAULT_BATCH`]; at least 1),
+    /// shared out between the owners that have some (the [module](self) documentation:
+    /// *Fairness*).
     pub fn batch(mut self, n: u32) -> Self {
         self.batch = n.max(1);
         self
@@ -397,22 +545,39 @@ impl Reconciler {
         self
     }
 
+    /// How long an attempt whose lock someone else holds is left to that holder (default: twice
+    /// [`Reconciler::lookup_timeout`]). A reconciler holds it for one lookup and one call; a
+    /// holder that keeps it longer is not deciding it, so the next pass at least this long
+    /// after the attempt was first found locked decides it without the lock (the
+    /// [module](self) documentation: *Each decision once, and the lock*).
+    pub fn busy_grace(mut self, grace: Duration) -> Self {
+        self.busy_grace = Some(grace);
+        self
+    }
+
+    fn grace(&self) -> Duration {
+        self.busy_grace
+            .unwrap_or_else(|| self.lookup_timeout.saturating_mul(2))
+    }
+
     /// Who decides, as recorded (`reconciled_by`) and logged (default `reconciler`).
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
         self
     }
 
-    /// One pass: `sweep` (lapsed leases become `unknown`), then each `unknown` attempt, oldest
-    /// first, at most [`Reconciler::batch`] of them, reconciled as [`Reconciler::reconcile`]
-    /// does. `db` must not be in a transaction.
+    /// One pass: `sweep` (lapsed leases become `unknown`), then at most
+    /// [`Reconciler::batch`] `unknown` attempts, taken in turns between the owners that have
+    /// some, each owner's from where this reconciler's last pass left it (the [module](self)
+    /// documentation: *Fairness*), each reconciled as [`Reconciler::reconcile`] does. `db` must
+    /// not be in a transaction.
     ///
     /// An `Err` is a failed `sweep` or work list; a call refused for one attempt is in
     /// [`Pass::errors`], and the pass goes on with the next (it stops when the connection is
     /// closed).
     pub async fn run_once<C: Transactional + ?Sized>(&self, db: &mut C) -> Result<Pass, Error> {
         let swept = sweep(&*db).await?;
-        let work = unknown_attempts(&*db, self.batch).await?;
+        let work = self.work_list(&*db).await?;
         let mut pass = Pass {
             swept,
             ..Pass::default()
@@ -435,6 +600,37 @@ impl Reconciler {
             }
         }
         Ok(pass)
+    }
+
+    /// This pass's attempts, in turns between owners (see *Fairness*); the cursors move on
+    /// at once, so that a clone running meanwhile takes the next ones.
+    async fn work_list(&self, db: &(impl Executor + ?Sized)) -> Result<Vec<AttemptRecord>, Error> {
+        let cx = Context::default();
+        let (owners, starts, ids, after) = self.fairness().cursors();
+        let rows = db
+            .client()
+            .query(
+                WORK_LIST,
+                &[&i64::from(self.batch), &owners, &starts, &ids, &after],
+            )
+            .await
+            .map_err(|e| Error::from_pg(e, cx))?;
+        let mut work = Vec::with_capacity(rows.len());
+        let mut owners = Vec::with_capacity(rows.len());
+        for row in &rows {
+            work.push(attempt_record(row)?);
+            owners.push(
+                row.try_get::<_, String>(13)
+                    .map_err(|source| Error::Decode { source })?,
+            );
+        }
+        let complete = work.len() < self.batch as usize;
+        self.fairness().advance(&owners, &work, complete);
+        Ok(work)
+    }
+
+    fn fairness(&self) -> std::sync::MutexGuard<'_, Fairness> {
+        self.fair.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Reconciles one attempt of [`crate::unknown_attempts`]'s list, in a transaction of its
@@ -468,8 +664,12 @@ impl Reconciler {
             .start()
             .await
             .map_err(pg)?;
-        let (decision, evidence) = self.decide(&cache.on(&tx), attempt).await?;
-        tx.commit().await.map_err(pg)?;
+        let (decision, evidence, keep) = self.decide(&cache.on(&tx), attempt).await?;
+        if keep {
+            tx.commit().await.map_err(pg)?;
+        } else {
+            tx.rollback().await.map_err(pg)?;
+        }
         let reconciled = Reconciled {
             attempt_id: attempt.id,
             job_id: attempt.job_id,
@@ -485,7 +685,7 @@ impl Reconciler {
         &self,
         tx: &(impl Executor + ?Sized),
         attempt: &AttemptRecord,
-    ) -> Result<(Decision, Value), Error> {
+    ) -> Result<(Decision, Value, bool), Error> {
         let cx = Context::attempt(attempt.id);
         let pg = |e| Error::from_pg(e, cx);
         let client = tx.client();
@@ -497,8 +697,29 @@ impl Reconciler {
             .await
             .map_err(pg)?
             .get(0);
-        if !locked {
-            return Ok((Decision::Busy, Value::Null));
+        // Without the lock: decided all the same once it has been locked by someone else for
+        // longer than a reconciler holds it (any role can take an advisory lock), tagged so
+        // that only the first decision's transaction commits (module documentation: *Each
+        // decision once, and the lock*).
+        let mut unlocked = None;
+        if locked {
+            self.fairness().settled(attempt.id);
+        } else {
+            let grace = self.grace();
+            let locked_for = self.fairness().locked_for(attempt.id);
+            if locked_for < grace || !records_reconciliations(tx).await? {
+                return Ok((Decision::Busy, Value::Null, true));
+            }
+            log::warn!(
+                target: "pg_intent_client",
+                "{}: attempt {} ({}): its lock has been held by someone else for {locked_for:?} \
+                 (more than {grace:?}): deciding it without the lock",
+                self.name, attempt.id, attempt.provider
+            );
+            unlocked = Some(json!({
+                "held_by_another_for_s": seconds(locked_for),
+                "nonce": Uuid::new_v4().to_string(),
+            }));
         }
         // A statement of its own, after the lock: under READ COMMITTED it sees what the lock's
         // previous holder committed. (Read in the lock's statement, the state would come from
@@ -513,14 +734,15 @@ impl Reconciler {
             .await
             .map_err(pg)?;
         let Some(row) = row else {
-            return Ok((Decision::Gone, Value::Null));
+            return Ok((Decision::Gone, Value::Null, true));
         };
         let state: AttemptState = row
             .try_get::<_, &str>(0)
             .map_err(|source| Error::Decode { source })?
             .parse()?;
         if state != AttemptState::Unknown {
-            return Ok((Decision::AlreadyDecided(state), Value::Null));
+            self.fairness().settled(attempt.id);
+            return Ok((Decision::AlreadyDecided(state), Value::Null, true));
         }
         let version: i64 = row.try_get(1).map_err(|source| Error::Decode { source })?;
         let age_secs: f64 = row.try_get(2).map_err(|source| Error::Decode { source })?;
@@ -535,9 +757,10 @@ impl Reconciler {
                 return Ok((
                     Decision::LookupFailed(format!("no answer within {:?}", self.lookup_timeout)),
                     Value::Null,
+                    true,
                 ));
             }
-            Ok(Err(e)) => return Ok((Decision::LookupFailed(e.to_string()), Value::Null)),
+            Ok(Err(e)) => return Ok((Decision::LookupFailed(e.to_string()), Value::Null, true)),
             Ok(Ok(lookup)) => lookup,
         };
         let evidence = json!({
@@ -545,13 +768,17 @@ impl Reconciler {
             "evidence": lookup.evidence,
         });
         let record = |decision: &str| {
-            json!({
+            let mut recorded = json!({
                 "kind": "reconciled",
                 "decision": decision,
                 "provider_says": lookup.status.as_str(),
                 "reconciled_by": self.name,
                 "evidence": lookup.evidence,
-            })
+            });
+            if let Some(unlocked) = &unlocked {
+                recorded["without_lock"] = unlocked.clone();
+            }
+            recorded
         };
         let (decision, recorded) = match &lookup.status {
             ProviderStatus::Done(result) => {
@@ -588,15 +815,44 @@ impl Reconciler {
         if let Some(recorded) = recorded
             && records_reconciliations(tx).await?
         {
-            record_reconciliation(
+            let event = record_reconciliation(
                 tx,
                 attempt.id,
                 recorded["decision"].as_str().unwrap_or(""),
                 &recorded,
             )
             .await?;
+            // Without the lock, another reconciler may have decided it first: its event is the
+            // attempt's one reconciliation (`record_reconciliation` returns it, after the job's
+            // row lock that both decisions take), and this transaction rolls back, with
+            // whatever its own call wrote (a late result, a late failure).
+            if let Some(unlocked) = &unlocked {
+                let ours: bool = client
+                    .query_one(
+                        "SELECT coalesce((SELECT detail #>> '{evidence,without_lock,nonce}' = $2 \
+                         FROM intent.events WHERE id = $1), false)",
+                        &[&event, &unlocked["nonce"].as_str().unwrap_or("")],
+                    )
+                    .await
+                    .map_err(pg)?
+                    .get(0);
+                if !ours {
+                    let state: String = client
+                        .query_one(
+                            "SELECT state::text FROM intent.attempts WHERE id = $1",
+                            &[&attempt.id],
+                        )
+                        .await
+                        .map_err(pg)?
+                        .get(0);
+                    return Ok((Decision::AlreadyDecided(state.parse()?), Value::Null, false));
+                }
+            }
         }
-        Ok((decision, evidence))
+        if decision.is_decision() {
+            self.fairness().settled(attempt.id);
+        }
+        Ok((decision, evidence, true))
     }
 
     fn log(&self, r: &Reconciled) {

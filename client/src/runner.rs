@@ -238,8 +238,8 @@ type EventHook = Arc<dyn Fn(Event) + Send + Sync>;
 /// let summary = runner
 ///     .run(
 ///         |claimed: ClaimedAttempt| async move {
-///             // Call the provider with claimed.params, and claimed.attempt.id() as its
-///             // idempotency key.
+///             // Call the provider with claimed.params, and
+///             // ProviderKeys::key_for(claimed.attempt.id()) as its idempotency key.
 ///             Ok::<_, WorkError<String>>(serde_json::json!({"url": "s3://bucket/fox.png"}))
 ///         },
 ///         async {
@@ -467,9 +467,9 @@ impl<C: Connections> Runner<C> {
     /// Claims and runs attempts with `work` until `shutdown` resolves, then shuts down
     /// gracefully (see the type's documentation) and returns what it did.
     ///
-    /// `work` is given each claimed attempt — its [`crate::Attempt`] (give the provider
-    /// [`crate::Attempt::id`] as its idempotency key), the job's provider, params and contract
-    /// — and answers as the work of [`Worker::run`] does: a result, a definite failure (with
+    /// `work` is given each claimed attempt — its [`crate::Attempt`] (the provider's
+    /// idempotency key: [`crate::ProviderKeys::key_for`] of [`crate::Attempt::id`]), the job's
+    /// provider, params and contract — and answers as the work of [`Worker::run`] does: a result, a definite failure (with
     /// a retry delay: [`WorkError::retryable_after`]), or an unknown outcome. Errors on the way
     /// (a claim, a report) are reported as [`Event`]s and the runner carries on.
     pub async fn run<T, E, F, Fut, S>(&self, work: F, shutdown: S) -> Summary

@@ -211,7 +211,8 @@ pub enum Failover<T, E> {
 /// let worker = Worker::new(db, Duration::from_secs(120)).lease(Duration::from_secs(30)).name("gpu-box-7");
 /// let run = worker
 ///     .run(job_id, None, |attempt| async move {
-///         // Call the provider here, passing attempt.id() as its idempotency key.
+///         // Call the provider here, passing ProviderKeys::key_for(attempt.id()) as its
+///         // idempotency key.
 ///         Ok::<_, WorkError<String>>(serde_json::json!({"url": "s3://bucket/fox.png"}))
 ///     })
 ///     .await?;
@@ -380,8 +381,9 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
     ///
     /// A refusal of the gate (in flight, unknown, finished, …) is returned as the [`Error`]
     /// before any work starts. The work is dropped — stopped — when the timeout fires or a
-    /// heartbeat answers `false`; give the provider [`Attempt::id`] as its idempotency key so
-    /// that a reconciler can ask it later what happened.
+    /// heartbeat answers `false`; give the provider [`Attempt::id`] as its idempotency key
+    /// (through [`crate::ProviderKeys::key_for`]: keyed, when others share the provider
+    /// account) so that a reconciler can ask it later what happened.
     ///
     /// If the connection breaks while the work runs, heartbeats move to a fresh one (with
     /// [`Worker::reconnect`]); a report that fails for a reason that may pass

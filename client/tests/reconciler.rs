@@ -821,3 +821,534 @@ async fn a_done_answer_that_breaks_the_contract_cannot_win() {
         .collect();
     assert!(kinds.iter().any(|k| k == "contract_violation"), "{kinds:?}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 24 § 3: fairness between owners, and the lock any role can take.
+// ---------------------------------------------------------------------------------------------
+
+/// The issue's reproduction, verbatim: owner `a` leaves `n` attempts unknown on `evilprov`, a
+/// provider nobody can answer for (the lookup has no entry for it: every lookup fails).
+async fn hold_the_line(s: &Setup, n: i32) -> Vec<Uuid> {
+    let held: i64 =
+        s.db.query_one(
+            "SELECT count(*) FROM (SELECT intent.mark_unknown(b.attempt_id, 'x') \
+               FROM generate_series(1, $1) i, \
+                    LATERAL intent.submit_job('a', 'hol-' || i, 'evilprov', '{}') s, \
+                    LATERAL intent.begin_attempt(s.job_id, lease => '1 hour') b) x",
+            &[&n],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(held, i64::from(n));
+    s.db.query(
+        "SELECT id FROM intent.attempts WHERE owner_id = 'a' AND state = 'unknown'",
+        &[],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+/// Owner `b`'s one unknown attempt, younger than all of `a`'s, on the provider the lookup can
+/// answer: the provider did the work (the worker lost the answer).
+async fn bobs_attempt(s: &Setup, key: &str) -> (Uuid, Uuid) {
+    let subject = format!("bob's {key}");
+    let job: Submitted<Value> = intent::submit_job(
+        &s.db,
+        &NewJob::new("b", key, PROVIDER, &captions::input(&subject)).max_attempts(3),
+    )
+    .await
+    .unwrap();
+    let attempt = intent::begin_attempt(&s.db, job.job_id, BeginOptions::new())
+        .await
+        .unwrap();
+    suite()
+        .ask_for(
+            &s.gpu_a,
+            attempt.id(),
+            &captions::input(&subject),
+            &options(),
+        )
+        .await
+        .unwrap();
+    intent::mark_unknown(&s.db, attempt.id(), Some("timeout"))
+        .await
+        .unwrap();
+    (job.job_id, attempt.id())
+}
+
+/// One pass of each reconciler at the same moment, in two tasks on two connections.
+async fn passes_at_once(s: &Setup, reconcilers: &[Reconciler]) -> Vec<Pass> {
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(reconcilers.len()));
+    let mut tasks = Vec::new();
+    for r in reconcilers {
+        let mut op = s.operator().await;
+        let r = r.clone();
+        let start = start.clone();
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            r.run_once(&mut op).await.unwrap()
+        }));
+    }
+    let mut passes = Vec::new();
+    for t in tasks {
+        passes.push(t.await.unwrap());
+    }
+    passes
+}
+
+/// What every pass said of `attempt`: the decisions, and the rest.
+fn said_of(passes: &[Pass], attempt: Uuid) -> (Vec<Decision>, Vec<Decision>) {
+    let all: Vec<Decision> = passes
+        .iter()
+        .flat_map(|p| &p.reconciled)
+        .filter(|r| r.attempt_id == attempt)
+        .map(|r| r.decision.clone())
+        .collect();
+    all.into_iter().partition(Decision::is_decision)
+}
+
+/// Issue 24 § 3: owner `a` holds `held` unknown attempts (at least the batch) that no lookup can
+/// decide; owner `b`'s one younger attempt is decided in the first pass of two reconcilers
+/// running at once (the bound for two owners with one attempt of `b`'s: one pass), once; and
+/// `a`'s own attempts take turns, each looked at within ⌈(held + 1) / batch⌉ passes of one
+/// reconciler.
+async fn fair_between_owners(batch: Option<u32>, held: i32) {
+    let s = Setup::new().await;
+    let a = hold_the_line(&s, held).await;
+    let (job, bobs) = bobs_attempt(&s, "b-1").await;
+    let make = |name: &str| {
+        let r = s.reconciler(name);
+        match batch {
+            Some(n) => r.batch(n),
+            None => r,
+        }
+    };
+    let n = batch.unwrap_or(pg_intent_client::reconciler::DEFAULT_BATCH) as usize;
+    assert!(a.len() >= n, "owner a must hold a whole batch");
+    let (rec_1, rec_2) = (make("rec-1"), make("rec-2"));
+
+    let passes = passes_at_once(&s, &[rec_1.clone(), rec_2.clone()]).await;
+    for p in &passes {
+        assert!(p.errors.is_empty(), "{:?}", p.errors);
+        assert!(p.reconciled.len() <= n);
+    }
+    let (decided, left) = said_of(&passes, bobs);
+    assert_eq!(
+        decided,
+        vec![Decision::Completed(Completion::Won)],
+        "owner b's attempt was not decided in the first pass of either reconciler, behind {} of \
+         owner a's (left: {left:?})",
+        a.len()
+    );
+    assert!(
+        left.iter()
+            .all(|d| matches!(d, Decision::Busy | Decision::AlreadyDecided(_))),
+        "{left:?}"
+    );
+    assert_eq!(s.job_state(job).await, JobState::Succeeded);
+    assert_eq!(s.attempt(bobs).await.state, AttemptState::Succeeded);
+    let events = s.events(job).await;
+    Setup::reconciled(&events, bobs);
+    assert!(
+        events
+            .iter()
+            .all(|(kind, _, _)| kind == "timeout" || kind == "reconciled"),
+        "{events:?}"
+    );
+
+    // Owner a's attempts were left (the lookup cannot answer), and take turns: within
+    // ⌈held / batch⌉ passes of one reconciler, every one of them was looked at.
+    let mut seen: std::collections::HashSet<Uuid> =
+        passes[0].reconciled.iter().map(|r| r.attempt_id).collect();
+    for p in &passes {
+        for r in p.reconciled.iter().filter(|r| r.attempt_id != bobs) {
+            assert!(
+                matches!(r.decision, Decision::LookupFailed(_) | Decision::Busy),
+                "{r:?}"
+            );
+        }
+    }
+    // (The bound with two owners is ⌈held / ⌊n/2⌋⌉ passes; b's attempt took one slot of the
+    // first pass only, so here ⌈(held + 1) / n⌉.)
+    let mut op = s.operator().await;
+    for _ in 1..(a.len() + 1).div_ceil(n) {
+        let p = rec_1.run_once(&mut op).await.unwrap();
+        assert!(p.errors.is_empty(), "{:?}", p.errors);
+        seen.extend(p.reconciled.iter().map(|r| r.attempt_id));
+    }
+    let missed: Vec<_> = a.iter().filter(|id| !seen.contains(id)).collect();
+    assert!(
+        missed.is_empty(),
+        "{} of owner a's attempts never looked at",
+        missed.len()
+    );
+    for id in &a {
+        assert_eq!(s.attempt(*id).await.state, AttemptState::Unknown);
+    }
+
+    // Another attempt of b's, later: the next pass decides it, whoever holds what.
+    let (_, later) = bobs_attempt(&s, "b-2").await;
+    let passes = passes_at_once(&s, &[rec_1, rec_2]).await;
+    let (decided, _) = said_of(&passes, later);
+    assert_eq!(decided, vec![Decision::Completed(Completion::Won)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_owners_undecidable_attempts_do_not_hold_another_owners_small_batch() {
+    fair_between_owners(Some(5), 12).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_owners_undecidable_attempts_do_not_hold_another_owners_default_batch() {
+    fair_between_owners(None, 100).await;
+}
+
+/// Owner a's attempts nobody can tell about (the provider's records expired: 410) and still
+/// running at the provider, a whole batch of them: owner b's attempt is still decided in the
+/// first pass (what the lookup says of a's does not matter, only that it decides nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_left_as_cannot_tell_or_running_do_not_hold_another_owners() {
+    let s = Setup::new().await;
+    let mut held = Vec::new();
+    for i in 0..4 {
+        let job: Submitted<Value> = intent::submit_job(
+            &s.db,
+            &NewJob::new("a", &format!("a-{i}"), PROVIDER, &captions::input("x")),
+        )
+        .await
+        .unwrap();
+        let attempt = intent::begin_attempt(&s.db, job.job_id, BeginOptions::new())
+            .await
+            .unwrap();
+        // Even: the provider forgot it (cannot tell; abandoning is off). Odd: never answered
+        // here, reported as running by a lookup that says so.
+        if i % 2 == 0 {
+            s.server.forget(&attempt.id().to_string());
+        }
+        intent::mark_unknown(&s.db, attempt.id(), Some("timeout"))
+            .await
+            .unwrap();
+        held.push(attempt.id());
+    }
+    let (job, bobs) = bobs_attempt(&s, "b-1").await;
+    let running: std::collections::HashSet<Uuid> =
+        held.iter().skip(1).step_by(2).copied().collect();
+    let lookup = RequestLookup::new(&suite()).provider(s.gpu_a.clone());
+    let make = |name: &str| {
+        let lookup = lookup.clone();
+        let running = running.clone();
+        Reconciler::new(move |attempt: AttemptRecord| {
+            let lookup = lookup.clone();
+            let running = running.clone();
+            async move {
+                use pg_intent_client::StatusLookup;
+                if running.contains(&attempt.id) {
+                    return Ok(pg_intent_client::reconciler::Lookup::new(
+                        pg_intent_client::reconciler::ProviderStatus::Running,
+                    ));
+                }
+                lookup.lookup(&attempt).await
+            }
+        })
+        .batch(4)
+        .name(name)
+    };
+    let passes = passes_at_once(&s, &[make("rec-1"), make("rec-2")]).await;
+    let (decided, _) = said_of(&passes, bobs);
+    assert_eq!(decided, vec![Decision::Completed(Completion::Won)]);
+    assert_eq!(s.job_state(job).await, JobState::Succeeded);
+    for p in &passes {
+        for r in p.reconciled.iter().filter(|r| r.attempt_id != bobs) {
+            assert!(
+                matches!(
+                    r.decision,
+                    Decision::Running | Decision::TooYoung { .. } | Decision::Busy
+                ),
+                "{r:?}"
+            );
+        }
+    }
+}
+
+/// Issue 24 § 3, the lock: any role can take the reconciler's advisory lock of any attempt (the
+/// key is `hashtext` of the attempt id, and the id is derived from the owner and the job's
+/// key). An unprivileged role holds it for its session: the attempt is found busy, and decided
+/// all the same once the lock has been held longer than [`Reconciler::busy_grace`], by two
+/// reconcilers at once, exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_any_role_holds_does_not_keep_an_attempt_undecided() {
+    let s = Setup::new().await;
+    let (job, bobs) = bobs_attempt(&s, "b-1").await;
+    // The id is computable by anyone who knows (or guesses) the owner and the key.
+    let derived = pg_intent_client::pg_intent_protocol::attempt_id(
+        pg_intent_client::pg_intent_protocol::job_id("b", "b-1").unwrap(),
+        1,
+    )
+    .unwrap();
+    assert_eq!(Uuid::from_bytes(derived), bobs);
+
+    // A role with no privilege at all, on a connection of its own.
+    let role = format!("squat_{}", s.t.name);
+    s.db.batch_execute(&format!("CREATE ROLE \"{role}\" LOGIN"))
+        .await
+        .unwrap();
+    let (squatter, conn) = tokio_postgres::connect(
+        &s.t.cluster.conn_str_as(&s.t.name, &role),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let held: bool = squatter
+        .query_one(
+            "SELECT pg_try_advisory_lock($1::int4, hashtext($2::uuid::text))",
+            &[&pg_intent_client::reconciler::LOCK_CLASS, &bobs],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(held, "an unprivileged role takes the reconciler's lock");
+
+    let grace = Duration::from_millis(300);
+    let rec = |name: &str| s.reconciler(name).busy_grace(grace);
+    let (rec_1, rec_2) = (rec("rec-1"), rec("rec-2"));
+    // First found locked: left to the holder.
+    let passes = passes_at_once(&s, &[rec_1.clone(), rec_2.clone()]).await;
+    let (decided, left) = said_of(&passes, bobs);
+    assert!(decided.is_empty(), "{decided:?}");
+    assert_eq!(left, vec![Decision::Busy, Decision::Busy]);
+    assert_eq!(s.attempt(bobs).await.state, AttemptState::Unknown);
+
+    // Locked for longer than a reconciler would hold it: both decide without the lock, at the
+    // same moment (slow lookups, so that both are asking at once); one decision stands.
+    tokio::time::sleep(grace + Duration::from_millis(100)).await;
+    s.server.set_lookup_delay(Duration::from_millis(300));
+    let passes = passes_at_once(&s, &[rec_1.clone(), rec_2.clone()]).await;
+    for p in &passes {
+        assert!(p.errors.is_empty(), "{:?}", p.errors);
+    }
+    let (decided, left) = said_of(&passes, bobs);
+    assert_eq!(
+        decided,
+        vec![Decision::Completed(Completion::Won)],
+        "left: {left:?}"
+    );
+    // The other one decided it too, and rolled back when it found the first's record (or
+    // found it decided already).
+    println!("the other reconciler: {left:?}");
+    let asked = s
+        .server
+        .lookups()
+        .iter()
+        .filter(|k| **k == bobs.to_string())
+        .count();
+    println!("the provider was asked {asked} times");
+    assert!(
+        left.iter()
+            .all(|d| matches!(d, Decision::AlreadyDecided(_))),
+        "{left:?}"
+    );
+    assert_eq!(s.job_state(job).await, JobState::Succeeded);
+    assert_eq!(s.attempt(bobs).await.state, AttemptState::Succeeded);
+    let events = s.events(job).await;
+    let detail = Setup::reconciled(&events, bobs);
+    assert!(
+        detail["evidence"]["without_lock"]["held_by_another_for_s"]
+            .as_f64()
+            .is_some_and(|t| t >= grace.as_secs_f64()),
+        "{detail}"
+    );
+    // Once: no late result, no late failure, one reconciled event.
+    assert!(
+        events
+            .iter()
+            .all(|(kind, _, _)| kind == "timeout" || kind == "reconciled"),
+        "{events:?}"
+    );
+    // The squatter still holds its lock; it changed nothing.
+    let still: i64 =
+        s.db.query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND classid = $1::int4::oid AND objid = hashtext($2::uuid::text)::oid",
+            &[&pg_intent_client::reconciler::LOCK_CLASS, &bobs],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(still, 1);
+    // The next pass finds nothing to do.
+    let again = rec_1.run_once(&mut s.operator().await).await.unwrap();
+    assert!(again.reconciled.is_empty(), "{again:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 24 § 4: what a provider shared by several parties sees.
+// ---------------------------------------------------------------------------------------------
+
+/// Mallory shares the provider account and sends a request of her own under `key`, before the
+/// worker of the attempt does: the provider keeps it under that key, finished, with her output.
+async fn plant(s: &Setup, key: &str) {
+    use pg_intent_client::harness::{Provider, Request};
+    let prompt = Prompt {
+        system: captions::system_prompt(),
+        user: captions::user_prompt(&captions::input("planted by mallory")),
+    };
+    let request = Request::new(&prompt, &options()).idempotency_key(key);
+    s.gpu_a.call(&request).await.unwrap();
+    s.provider_reaches_key(key, "succeeded").await;
+}
+
+impl Setup {
+    async fn provider_reaches_key(&self, key: &str, status: &str) {
+        assert!(
+            eventually(Duration::from_secs(30), || {
+                let ok = self.server.request_status(key) == Some(status);
+                async move { ok }
+            })
+            .await,
+            "the provider never had {key} {status}"
+        );
+    }
+
+    /// Bob's job and its first attempt, begun.
+    async fn bobs_begun(&self, key: &str) -> (Uuid, Uuid) {
+        let job: Submitted<Value> = intent::submit_job(
+            &self.db,
+            &NewJob::new("b", key, PROVIDER, &captions::input("bob's own")).max_attempts(3),
+        )
+        .await
+        .unwrap();
+        let attempt = intent::begin_attempt(&self.db, job.job_id, BeginOptions::new())
+            .await
+            .unwrap();
+        (job.job_id, attempt.id())
+    }
+}
+
+/// Issue 24 § 4. With the default keys (the attempt id), the hypothesis holds: a "done" planted
+/// under another owner's attempt id by someone sharing the provider account completes that
+/// attempt with the planter's output. With a keyed derivation (HMAC-SHA256 under a secret the
+/// workers and the reconciler share) the provider key cannot be computed without the secret: a
+/// "done" planted under the raw id, or under a key derived with another secret, is never taken;
+/// the worker's own request is found and completes the attempt; an attempt the worker never
+/// sent is failed as never received (retryable), not completed with the planted output; and an
+/// attempt begun before the cut-over ([`ProviderKeys::raw_before`]) is still found under its id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_done_planted_under_a_computable_key_is_not_taken() {
+    use pg_intent_client::ProviderKeys;
+    let s = Setup::new().await;
+    let mut op = s.operator().await;
+    let subject = |job: &intent::JobRecord| -> Value {
+        job.result
+            .as_ref()
+            .map(|r| r["subject"].clone())
+            .unwrap_or(Value::Null)
+    };
+
+    // The default: the hypothesis holds (this is the exposure the default keeps).
+    let (job, attempt) = s.bobs_begun("plain").await;
+    plant(&s, &attempt.to_string()).await;
+    intent::mark_unknown(&s.db, attempt, Some("the worker died before sending"))
+        .await
+        .unwrap();
+    let pass = s.reconciler("rec-raw").run_once(&mut op).await.unwrap();
+    assert_eq!(
+        decision_of(&pass, attempt),
+        Decision::Completed(Completion::Won)
+    );
+    let j = intent::get_job(&s.db, job).await.unwrap().unwrap();
+    assert_eq!(subject(&j), json!("planted by mallory"), "{j:?}");
+
+    // Keyed: the workers and the reconciler share a secret.
+    let keys = ProviderKeys::keyed([42u8; 32]);
+    let keyed = suite().provider_keys(keys.clone());
+    let reconciler =
+        Reconciler::new(RequestLookup::new(&keyed).provider(s.gpu_a.clone())).name("rec-keyed");
+    assert_ne!(keys.key_for(attempt), attempt.to_string());
+
+    // The worker sent its request (under the keyed key) and lost the answer; Mallory planted
+    // under the raw id and under a key of her own secret.
+    let (sent_job, sent) = s.bobs_begun("sent").await;
+    plant(&s, &sent.to_string()).await;
+    plant(&s, &ProviderKeys::keyed([7u8; 32]).key_for(sent)).await;
+    keyed
+        .ask_for(&s.gpu_a, sent, &captions::input("bob's own"), &options())
+        .await
+        .unwrap();
+    let received = s.server.requests();
+    assert_eq!(
+        received.last().unwrap().idempotency_key,
+        Some(keys.key_for(sent))
+    );
+    intent::mark_unknown(&s.db, sent, Some("timeout"))
+        .await
+        .unwrap();
+
+    // The worker never sent its request; Mallory planted under the raw id.
+    let (unsent_job, unsent) = s.bobs_begun("unsent").await;
+    plant(&s, &unsent.to_string()).await;
+    intent::mark_unknown(&s.db, unsent, Some("the worker died before sending"))
+        .await
+        .unwrap();
+
+    let before = s.server.lookups().len();
+    let pass = reconciler.run_once(&mut op).await.unwrap();
+    assert_eq!(
+        decision_of(&pass, sent),
+        Decision::Completed(Completion::Won)
+    );
+    let j = intent::get_job(&s.db, sent_job).await.unwrap().unwrap();
+    assert_eq!(subject(&j), json!("bob's own"), "{j:?}");
+    assert_eq!(
+        decision_of(&pass, unsent),
+        Decision::Failed(JobState::Pending),
+        "the planted done was taken"
+    );
+    let j = intent::get_job(&s.db, unsent_job).await.unwrap().unwrap();
+    assert_eq!(j.result, None);
+    // Asked only under the keyed keys.
+    let asked = &s.server.lookups()[before..];
+    let mut asked = asked.to_vec();
+    asked.sort();
+    let mut expected = vec![keys.key_for(sent), keys.key_for(unsent)];
+    expected.sort();
+    assert_eq!(asked, expected);
+
+    // The cut-over: an attempt begun (and sent under its id) before the switch is found under
+    // its id; one begun after it, only under its keyed key.
+    let (old_job, old) = s.bobs_begun("before-the-switch").await;
+    suite()
+        .ask_for(&s.gpu_a, old, &captions::input("bob's own"), &options())
+        .await
+        .unwrap();
+    intent::mark_unknown(&s.db, old, Some("timeout"))
+        .await
+        .unwrap();
+    let switch: std::time::SystemTime =
+        s.db.query_one("SELECT clock_timestamp()", &[])
+            .await
+            .unwrap()
+            .get(0);
+    let (_, new) = s.bobs_begun("after-the-switch").await;
+    plant(&s, &new.to_string()).await;
+    intent::mark_unknown(&s.db, new, Some("the worker died before sending"))
+        .await
+        .unwrap();
+    let cut_over = Reconciler::new(
+        RequestLookup::new(&keyed)
+            .provider(s.gpu_a.clone())
+            .provider_keys(keys.clone().raw_before(switch)),
+    );
+    let pass = cut_over.run_once(&mut op).await.unwrap();
+    assert_eq!(
+        decision_of(&pass, old),
+        Decision::Completed(Completion::Won)
+    );
+    let j = intent::get_job(&s.db, old_job).await.unwrap().unwrap();
+    assert_eq!(subject(&j), json!("bob's own"));
+    assert_eq!(decision_of(&pass, new), Decision::Failed(JobState::Pending));
+}

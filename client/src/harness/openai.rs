@@ -12,6 +12,7 @@ use super::{
     ContractSuite, Delivery, Parse, Provider, ProviderError, Request, check_temperature, cut,
     redact_url,
 };
+use crate::provider_keys::ProviderKeys;
 use crate::reconciler::{Lookup, LookupFuture, ProviderStatus, StatusLookup};
 use crate::runner::BoxError;
 use crate::types::AttemptRecord;
@@ -533,7 +534,8 @@ impl OpenAiCompatible {
 }
 
 /// A [`StatusLookup`] for OpenAI-compatible providers that keep requests by idempotency key
-/// (feature `openai`): asks `GET {base}/v1/requests/{attempt id}` of the attempt's provider,
+/// (feature `openai`): asks `GET {base}/v1/requests/{key}` of the attempt's provider, `key`
+/// the attempt's provider key ([`ProviderKeys::lookup_key`]: its id, or its keyed derivation),
 /// with its credentials, and reads the answer as pg_intent's test provider gives it:
 ///
 /// | the provider answers | [`ProviderStatus`] |
@@ -553,24 +555,36 @@ impl OpenAiCompatible {
 pub struct RequestLookup {
     providers: HashMap<String, OpenAiCompatible>,
     parse: Arc<Parse>,
+    keys: ProviderKeys,
 }
 
 impl fmt::Debug for RequestLookup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RequestLookup")
             .field("providers", &self.providers)
+            .field("keys", &self.keys)
             .finish_non_exhaustive()
     }
 }
 
 impl RequestLookup {
-    /// A lookup that parses a finished answer as `suite` does; add the providers with
+    /// A lookup that parses a finished answer as `suite` does, and asks under the keys the
+    /// suite's workers send ([`ContractSuite::provider_keys`]); add the providers with
     /// [`RequestLookup::provider`].
     pub fn new(suite: &ContractSuite) -> Self {
         RequestLookup {
             providers: HashMap::new(),
             parse: suite.parse.clone(),
+            keys: suite.keys().clone(),
         }
+    }
+
+    /// Asks under these keys instead of the suite's ([`ProviderKeys::lookup_key`]): the same
+    /// derivation as the workers', or the provider's "done" is never found (and is not trusted
+    /// under any other key).
+    pub fn provider_keys(mut self, keys: ProviderKeys) -> Self {
+        self.keys = keys;
+        self
     }
 
     /// Asks `provider` about the attempts of its name ([`Provider::name`]).
@@ -590,7 +604,7 @@ impl StatusLookup for RequestLookup {
                 )
             })?;
             provider
-                .request_status(&attempt.id.to_string(), &*self.parse)
+                .request_status(&self.keys.lookup_key(attempt), &*self.parse)
                 .await
         })
     }
