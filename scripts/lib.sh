@@ -167,6 +167,61 @@ setup_all() {
   install_extension
 }
 
+# --- Citus from ../shared/vendor ------------------------------------------------------------
+# The distributed mode's tests need Citus, which no registry here ships: its source is in
+# ../shared/vendor (beside the project's clone, for CI and every developer). install_citus
+# builds it once into the default major's server (idempotent: a citus.so of that version is
+# kept) and prints that server's bin directory; it prints nothing when there is no vendored
+# source, and the caller says what it skipped.
+CITUS_VERSION=13.2.2
+VENDOR_DIR="${PG_INTENT_VENDOR_DIR:-$ROOT/../shared/vendor}"
+
+install_citus() {
+  local bin cfg lib tarball tmp src
+  bin="$(pg_prefix_bin "$DEFAULT_MAJOR")"
+  cfg="$bin/pg_config"
+  lib="$("$cfg" --pkglibdir)"
+  tarball="$VENDOR_DIR/citus-$CITUS_VERSION.tar.gz"
+  # citus.so names its version ("Citus 13.2.2 on x86_64-…", what citus_version() says).
+  if [ -f "$lib/citus.so" ] && grep -aqs "Citus $CITUS_VERSION " "$lib/citus.so"; then
+    echo "$bin"
+    return
+  fi
+  [ -f "$tarball" ] || return 0
+  local want=(libcurl4-openssl-dev liblz4-dev libzstd-dev libkrb5-dev libselinux1-dev libpam0g-dev)
+  local missing=() p
+  for p in "${want[@]}"; do
+    [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" == *"install ok installed"* ]] || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "installing Citus's build dependencies (missing: ${missing[*]})"
+    as_root apt-get update -q >&2
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q "${want[@]}" >&2
+  fi
+  log "building Citus $CITUS_VERSION from $tarball into PostgreSQL $DEFAULT_MAJOR (once; a few minutes)"
+  tmp="$(mktemp -d)"
+  tar xzf "$tarball" -C "$tmp"
+  src="$tmp/citus-$CITUS_VERSION"
+  # Debian's 15.20 exports have_createdb_privilege() (commands/dbcommands.h), which Citus's
+  # compatibility header defines again as a static function for 15: use the server's.
+  if grep -qs 'have_createdb_privilege' "$("$cfg" --includedir-server)/commands/dbcommands.h"; then
+    python3 - "$src/src/include/pg_version_compat.h" <<'PY'
+import re, sys
+path = sys.argv[1]
+text = open(path).read()
+text, n = re.subn(r"static inline bool\nhave_createdb_privilege\(void\)\n\{.*?\n\}\n",
+                  '#include "commands/dbcommands.h"\n', text, count=1, flags=re.S)
+if n != 1:
+    sys.exit("citus: the have_createdb_privilege patch did not apply")
+open(path, "w").write(text)
+PY
+  fi
+  (cd "$src" && ./configure -q PG_CONFIG="$cfg" --without-libcurl >&2 && make -s -j"$(nproc)" >&2 && as_root make -s install >&2) \
+    || { rm -rf "$tmp"; die "building Citus $CITUS_VERSION failed"; }
+  rm -rf "$tmp"
+  echo "$bin"
+}
+
 # --- throwaway clusters -------------------------------------------------------------------
 # PostgreSQL refuses to run as root, so when we are root the cluster belongs to `postgres`.
 

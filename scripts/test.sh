@@ -12,7 +12,9 @@
 #      (node-postgres) over the SQL API alone, as an ordinary intent_app role (lang_tests.sh),
 #   7. on every other supported major (pgrx.toml: 16, 17, 18): the build, pg_regress, isolation,
 #      the four failure points, the host-database suite and the security tests,
-#   8. the major-version upgrade (pg_upgrade from 15 to 18) and the Debian package.
+#   8. the major-version upgrade (pg_upgrade from 15 to 18) and the Debian package;
+# and, between 5 and 6, the distributed mode on a real Citus cluster, with Citus built once
+# from ../shared/vendor (or skipped, saying so, where that folder is absent).
 # Usage: bash scripts/test.sh          everything
 #        bash scripts/test.sh majors   only steps 7 and 8 (after a full run)
 #        bash scripts/test.sh upgrade  only step 8
@@ -47,21 +49,26 @@ other_majors() {
 }
 
 # The distributed mode on a real Citus cluster (tests/tests/citus.rs: a coordinator and two
-# workers on loopback) when PG_INTENT_CITUS_BIN names the bin directory of a PostgreSQL of the
-# default major whose library directory has citus.so (Citus is not built or installed here).
-# This build of pg_intent is copied into it first, as major_upgrade does (one build serves
-# every minor of a major).
+# workers on loopback). Citus comes from ../shared/vendor, built once into the default major's
+# server (lib.sh: install_citus), or from PG_INTENT_CITUS_BIN: the bin directory of a
+# PostgreSQL of the default major whose library directory has citus.so. This build of pg_intent
+# is copied into it first, as major_upgrade does (one build serves every minor of a major).
 citus() {
   if [ -z "${PG_INTENT_CITUS_BIN:-}" ]; then
-    log "the distributed mode (Citus): skipped: no Citus (set PG_INTENT_CITUS_BIN=<bin directory of a PostgreSQL $DEFAULT_MAJOR whose lib directory has citus.so>)"
+    PG_INTENT_CITUS_BIN="$(install_citus)"
+  fi
+  if [ -z "${PG_INTENT_CITUS_BIN:-}" ]; then
+    log "the distributed mode (Citus): skipped: no Citus source in $VENDOR_DIR (citus-$CITUS_VERSION.tar.gz) and no PG_INTENT_CITUS_BIN (set it to <bin directory of a PostgreSQL $DEFAULT_MAJOR whose lib directory has citus.so>)"
     return
   fi
   local cfg="$PG_INTENT_CITUS_BIN/pg_config"
   [ -x "$cfg" ] || die "PG_INTENT_CITUS_BIN=$PG_INTENT_CITUS_BIN: no pg_config there"
   [ -f "$("$cfg" --pkglibdir)/citus.so" ] || die "PG_INTENT_CITUS_BIN=$PG_INTENT_CITUS_BIN: no citus.so in $("$cfg" --pkglibdir)"
   [[ "$("$cfg" --version)" == "PostgreSQL $DEFAULT_MAJOR."* ]] || die "PG_INTENT_CITUS_BIN: not PostgreSQL $DEFAULT_MAJOR"
-  as_root cp "$("$PG_CONFIG" --pkglibdir)/pg_intent.so" "$("$cfg" --pkglibdir)/"
-  as_root cp "$("$PG_CONFIG" --sharedir)"/extension/pg_intent* "$("$cfg" --sharedir)/extension/"
+  if [ "$("$cfg" --pkglibdir)" != "$("$PG_CONFIG" --pkglibdir)" ]; then
+    as_root cp "$("$PG_CONFIG" --pkglibdir)/pg_intent.so" "$("$cfg" --pkglibdir)/"
+    as_root cp "$("$PG_CONFIG" --sharedir)"/extension/pg_intent* "$("$cfg" --sharedir)/extension/"
+  fi
   log "the distributed mode on a real Citus cluster ($("$cfg" --version), 1 coordinator + 2 workers on loopback)"
   PG_INTENT_CITUS_BIN="$PG_INTENT_CITUS_BIN" cargo test -q -p pg_intent_tests --test citus -- --test-threads=2
 }
