@@ -10,7 +10,7 @@ use pg_intent_tests::*;
 use std::collections::BTreeMap;
 
 /// The releases, oldest first; the last is the current version.
-const CHAIN: &[&str] = &["0.1.0", "0.2.0", "0.3.0", "0.4.0"];
+const CHAIN: &[&str] = &["0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.4.1"];
 
 /// Everything of the extension a catalog query can see, keyed by object, for comparison.
 async fn catalog(c: &Client) -> BTreeMap<String, String> {
