@@ -13,7 +13,7 @@ use crate::jsonb::{CallJsonb, Jsonb};
 use crate::plans::{self, Name, Statement};
 use crate::refusal::{Answer, Refusal};
 use pg_intent_protocol::limits::MAX_CLAIM;
-use pgrx::datum::{Interval, TimestampWithTimeZone};
+use pgrx::datum::{DatumWithOid, Interval, TimestampWithTimeZone};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -115,7 +115,7 @@ pub fn notify_claimable(provider: &str) {
     }
 }
 
-/// The claim, for a session bound to no owner. `c` takes the
+/// The claim, for a session bound to no owner (`$6` unused) or to the owner `$6`. `c` takes the
 /// jobs (skipping those another transaction holds); `a` inserts their attempts as begin_attempt
 /// would (its version, its worker, its lease); `j` marks them running and clears their retry
 /// time. `$5` is the call's instant (crate::clock): what is due, and when the leases start.
@@ -165,6 +165,26 @@ static CLAIM: Statement = Statement {
         pg_sys::INTERVALOID,
         pg_sys::INT4OID,
         pg_sys::TIMESTAMPTZOID,
+    ],
+};
+
+/// [`CLAIM`] for a session bound to the owner `$6`: the owner named in the statement, so that it
+/// scans that owner's part of `jobs_claimable_by_owner` (ordered by owner, then the same key)
+/// instead of walking every owner's queue and leaving the others' rows to the policies. Its
+/// cost, and so its timing, does not depend on other owners' queues. The policies still apply.
+static CLAIM_BOUND: Statement = Statement {
+    name: Name::ClaimBound,
+    sql: claim_sql!(
+        " AND j.owner_id = $6::text",
+        "j.owner_id, coalesce(j.retry_at, j.updated_at)"
+    ),
+    args: &[
+        pg_sys::TEXTARRAYOID,
+        pg_sys::TEXTOID,
+        pg_sys::INTERVALOID,
+        pg_sys::INT4OID,
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::TEXTOID,
     ],
 };
 
@@ -344,18 +364,34 @@ fn claim(
             claim_dist(client, providers, worker, lease, max_jobs)
         }));
     }
+    let bound = crate::owner::bound_owner();
     Ok(Spi::connect_mut(|client| {
-        let rows = plans::run(
-            client,
-            &CLAIM,
-            &[
-                providers.into(),
-                worker.into(),
-                lease.into(),
-                max_jobs.into(),
-                crate::clock::now().into(),
-            ],
-        );
+        let now = crate::clock::now();
+        let args: [DatumWithOid<'_>; 5] = [
+            providers.into(),
+            worker.into(),
+            lease.into(),
+            max_jobs.into(),
+            now.into(),
+        ];
+        let rows = match &bound {
+            None => plans::run(client, &CLAIM, &args),
+            Some(owner) => {
+                let [providers, worker, lease, max_jobs, now] = args;
+                plans::run(
+                    client,
+                    &CLAIM_BOUND,
+                    &[
+                        providers,
+                        worker,
+                        lease,
+                        max_jobs,
+                        now,
+                        owner.as_str().into(),
+                    ],
+                )
+            }
+        };
         rows.map(|row| {
             let not_null = |n| -> ! { panic!("pg_intent: claim column {n} is unexpectedly NULL") };
             Claimed {

@@ -27,6 +27,8 @@ pub enum Name {
     StartAttempt0_2,
     // claim.rs
     Claim,
+    /// `Claim` for a session bound to an owner, naming it.
+    ClaimBound,
     // contract.rs
     Contract,
     CallerMayUse,

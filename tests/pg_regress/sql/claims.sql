@@ -115,3 +115,7 @@ SELECT count(*) AS claimed FROM intent.claim_attempts(ARRAY['gpu-a']);
 -- 9. The claim reads the partial index, whatever the number of finished jobs.
 SELECT indexdef FROM pg_indexes WHERE indexname = 'jobs_claimable';
 
+-- 10. A session bound to an owner claims from its owner's part of a per-owner index, with the
+--     same predicate and order: its claim never reads other owners' queued rows.
+SELECT indexdef FROM pg_indexes WHERE indexname = 'jobs_claimable_by_owner';
+SELECT obj_description('intent.jobs_claimable_by_owner'::regclass, 'pg_class') IS NOT NULL AS commented;
