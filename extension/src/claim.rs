@@ -171,7 +171,9 @@ static CLAIM: Statement = Statement {
 /// [`CLAIM`] for a session bound to the owner `$6`: the owner named in the statement, so that it
 /// scans that owner's part of `jobs_claimable_by_owner` (ordered by owner, then the same key)
 /// instead of walking every owner's queue and leaving the others' rows to the policies. Its
-/// cost, and so its timing, does not depend on other owners' queues. The policies still apply.
+/// cost, and so its timing, does not depend on other owners' queues: run with its generic plan
+/// (plans::run_generic), planned once, not for each call from the table's statistics. The
+/// policies still apply.
 static CLAIM_BOUND: Statement = Statement {
     name: Name::ClaimBound,
     sql: claim_sql!(
@@ -378,7 +380,7 @@ fn claim(
             None => plans::run(client, &CLAIM, &args),
             Some(owner) => {
                 let [providers, worker, lease, max_jobs, now] = args;
-                plans::run(
+                plans::run_generic(
                     client,
                     &CLAIM_BOUND,
                     &[
