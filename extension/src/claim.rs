@@ -172,12 +172,20 @@ static CLAIM: Statement = Statement {
 /// scans that owner's part of `jobs_claimable_by_owner` (ordered by owner, then the same key)
 /// instead of walking every owner's queue and leaving the others' rows to the policies. Its
 /// cost, and so its timing, does not depend on other owners' queues: run with its generic plan
-/// (plans::run_generic), planned once, not for each call from the table's statistics. The
-/// policies still apply.
+/// (plans::run_generic), planned once, not for each call from the table's statistics, and
+/// without bitmap scans, so that the plan is the ordered scan of the owner's part that stops
+/// at `$4` jobs. The policies still apply.
 static CLAIM_BOUND: Statement = Statement {
     name: Name::ClaimBound,
+    // The owner as a range (`>= $6 AND <= $6`, which for a deterministic collation is
+    // equality), with the equality itself as a plain filter (`IS TRUE`): an `owner_id = $6`
+    // clause would make owner_id a constant to the planner, so that jobs_claimable (ordered by
+    // the queue key alone) would provide the order too, and the plan could walk it and filter
+    // the owner, which is what a bound claim must never do (auto_explain showed it chosen, with
+    // two owners in the statistics). As written, only jobs_claimable_by_owner provides the order
+    // (owner_id, key) and takes the owner as its index condition; any other plan sorts.
     sql: claim_sql!(
-        " AND j.owner_id = $6::text",
+        " AND j.owner_id >= $6::text AND j.owner_id <= $6::text AND (j.owner_id = $6::text) IS TRUE",
         "j.owner_id, coalesce(j.retry_at, j.updated_at)"
     ),
     args: &[
@@ -391,6 +399,9 @@ fn claim(
                         now,
                         owner.as_str().into(),
                     ],
+                    // Not a bitmap scan of the owner's part and a sort of all of it: the
+                    // ordered scan, which stops at max_jobs (an owner's own long queue).
+                    &[(c"enable_bitmapscan", c"off")],
                 )
             }
         };
