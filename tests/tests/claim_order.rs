@@ -234,3 +234,51 @@ async fn a_bound_claim_takes_its_owners_jobs_only_in_order_and_disjoint() {
     let b = bound("b").await;
     assert_eq!(claim(&b, 100).await, of_b, "b's jobs, untouched, in order");
 }
+
+/// The plan of a bound claim, as `auto_explain` shows it: an ordered scan of its owner's part
+/// of `jobs_claimable_by_owner`, never `jobs_claimable` (the walk through every owner's queue)
+/// nor a bitmap scan of the owner's part (a sort of the owner's whole queue),
+/// even when the statistics say that an owner holds half the table (two other owners, 20,000
+/// pending jobs), and on every call (planned once, generically, not per call). No timing is
+/// asserted: the cost is in benches/run.py --bound-claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bound_claim_scans_its_owners_part_of_the_index_only() {
+    let db = Cluster::shared().fresh_db("claim_order_plan").await;
+    let admin = db.connect().await;
+    admin
+        .batch_execute(
+            "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params)
+             SELECT intent.job_id('o-' || (g % 2), 'k-' || g), 'o-' || (g % 2), 'k-' || g, 'gpu-q', '{}'
+               FROM generate_series(1, 20000) g;
+             ANALYZE intent.jobs;",
+        )
+        .await
+        .unwrap();
+    let (bound, notices) =
+        pg_intent_tests::roles::connect_role_with(&db, "postgres", Some("-c intent.owner_id=a"))
+            .await
+            .unwrap();
+    bound
+        .batch_execute(
+            "LOAD 'auto_explain';
+             SET auto_explain.log_min_duration = 0;
+             SET auto_explain.log_nested_statements = on;
+             SET auto_explain.log_level = notice;",
+        )
+        .await
+        .unwrap();
+    for call in 0..8 {
+        notices.clear();
+        assert_eq!(claim(&bound, 1).await, Vec::<Uuid>::new(), "a has no job");
+        let plans = notices.all().join("\n");
+        assert!(
+            plans.contains("Index Scan using jobs_claimable_by_owner on jobs"),
+            "call {call}: {plans}"
+        );
+        assert!(
+            !plans.contains("using jobs_claimable on")
+                && !plans.contains("Bitmap Heap Scan on jobs"),
+            "call {call}: not the walk of every owner's queue, nor a sort of the owner's: {plans}"
+        );
+    }
+}
