@@ -18,6 +18,10 @@ Usage: python3 benches/run.py [--quick] [--seconds N] [--clients N] [--markdown 
            intent.notify on submit throughput at 8 clients, claim latency at 10k and at 5M
            finished jobs, and pickup latency with NOTIFY and with polling (the Rust bench
            client/benches/pickup.rs, built and run with cargo on this run's cluster)
+       python3 benches/run.py --bound-claim [--quick] [--seconds N] [--rounds N] [--markdown FILE]
+           a claim by a session bound to one owner whose queue is empty, with 400,000 pending
+           jobs of other owners ÷ with none (its cost must not follow other owners' queues),
+           and submit throughput with the index jobs_claimable_by_owner ÷ without it
        python3 benches/run.py --majors "15:BIN 16:BIN ..." [--markdown FILE]
            the submit and lifecycle pairs on each major, one after the other in one run, each
            against its baselines on the same server, and each major's throughput against the
@@ -180,9 +184,12 @@ def main():
     ap.add_argument("--majors", default=None, help="MAJOR:BIN pairs: the per-major comparison")
     ap.add_argument("--ab", type=Path, default=None, help="OLD_LIB: this build's calls against another build's")
     ap.add_argument("--workers", action="store_true", help="the worker benchmarks: claims, NOTIFY, pickup")
+    ap.add_argument("--bound-claim", action="store_true", help="a bound claim against other owners' queues")
     args = ap.parse_args()
     if args.workers:
         return workers(args)
+    if args.bound_claim:
+        return bound_claim(args)
     if args.majors:
         return majors(args)
     if args.ab:
@@ -615,6 +622,101 @@ def workers(args):
         md.append("")
         md.append(f"Settings: {rounds} alternating rounds of {seconds} s per side, pgbench -M prepared, "
                   f"synchronous_commit on unless said, {os.cpu_count()} CPUs.")
+        if args.markdown:
+            args.markdown.write_text("\n".join(md) + "\n")
+    finally:
+        cluster.stop()
+
+
+def bound_claim(args):
+    """A claim by a session bound to one owner, whose own queue is empty, with 400,000 pending
+    jobs of other owners ÷ with none (alternating rounds, pooled); then submit
+    throughput with the per-owner claim index ÷ without it (the index dropped and created again
+    between the sides, alternating)."""
+    quick = args.quick
+    seconds = args.seconds or (5 if quick else 10)
+    rounds = args.rounds or (2 if quick else 4)
+    others = 400_000
+    clients, per_client = (4, 500) if quick else (4, 2000)
+    bound = "-c intent.owner_id=tenant-x"
+    md = []
+
+    def out(line="", markdown=None):
+        print(line, flush=True)
+        if markdown is not None:
+            md.append(markdown)
+
+    cluster = Cluster(SETTINGS)
+    try:
+        cluster.psql("CREATE DATABASE bench", db="postgres")
+        cluster.psql("CREATE EXTENSION pg_intent")
+        # The sessions are bound: a submit for another owner is refused (42501).
+        check = subprocess.run([str(cluster.bin / "psql"), "-X", "-At", "-d", "bench", "-c", "\\set VERBOSITY verbose",
+                                "-c", "SELECT intent.submit_job('someone-else', 'k', 'gpu-a', '{}')"],
+                               env=dict(cluster.env, PGOPTIONS=bound), capture_output=True, text=True)
+        if "42501" not in check.stderr:
+            sys.exit(f"PGOPTIONS {bound} did not bind the session: {check.stdout} {check.stderr}")
+        out(f"pg_intent bound claim benchmark: {clients} bound claimers × {per_client} claims each "
+            f"(claim_attempts of 1 job, its owner's queue empty), pgbench -M prepared, {os.cpu_count()} CPUs")
+
+        def latency():
+            # Vacuumed, analyzed and checkpointed: the load's dirty pages are not being written
+            # out while one side runs.
+            cluster.psql("VACUUM ANALYZE intent.jobs, intent.attempts")
+            cluster.psql("CHECKPOINT")
+            _, lat, failed = pgbench(cluster, "claim_bound_empty.sql", clients, transactions=per_client,
+                                     options=bound)
+            if failed:
+                sys.exit(f"claim_bound_empty.sql: {failed} failed transactions")
+            return lat
+
+        # Alternating rounds (none, 400k; none, 400k; …), each side pooled over the rounds, so
+        # that a drift of the machine hits both alike.
+        small, big, load_s = [], [], 0.0
+        for r in range(rounds):
+            small += latency()
+            t0 = time.time()
+            load_pending(cluster, others, f"others{r}")
+            load_s += time.time() - t0
+            big += latency()
+            cluster.psql("DELETE FROM intent.jobs WHERE owner_id LIKE 'queue-%'")
+        mean = lambda v: sum(v) / len(v)
+        r50, r99, rmean = (pct(big, 50) / pct(small, 50), pct(big, 99) / pct(small, 99), mean(big) / mean(small))
+        ok = "OK" if r50 <= 1.5 and rmean <= 1.5 else "MISSED"
+        text = (f"bound claim, empty own queue, {others:,} other-owner pending jobs ÷ none ({rounds} alternating "
+                f"rounds): p50 {pct(big, 50):.3f} ÷ {pct(small, 50):.3f} ms = {r50:.2f}, p99 {pct(big, 99):.3f} ÷ "
+                f"{pct(small, 99):.3f} ms = {r99:.2f}, mean {mean(big):.3f} ÷ {mean(small):.3f} ms = {rmean:.2f} "
+                f"(target <= 1.5) {ok}; {others:,} jobs loaded in {load_s / rounds:.0f}s")
+        out("  " + text, f"- Bound claim (its owner's queue empty) with {others:,} pending jobs of other owners ÷ "
+            f"with none, {rounds} alternating rounds: p50 {pct(big, 50):.3f} ÷ {pct(small, 50):.3f} ms = **{r50:.2f}**, "
+            f"p99 {pct(big, 99):.3f} ÷ {pct(small, 99):.3f} ms = {r99:.2f}, mean {mean(big):.3f} ÷ {mean(small):.3f} ms "
+            f"= **{rmean:.2f}** (target ≤ 1.5).")
+
+        # Submit throughput with the per-owner index ÷ without it.
+        cluster.psql("TRUNCATE intent.jobs CASCADE; TRUNCATE intent.events")
+        create = cluster.psql("SELECT pg_get_indexdef('intent.jobs_claimable_by_owner'::regclass)")
+        res = {"with": ([], []), "without": ([], [])}
+        for r in range(rounds):
+            for side in (("with", "without") if r % 2 == 0 else ("without", "with")):
+                present = cluster.psql("SELECT to_regclass('intent.jobs_claimable_by_owner') IS NOT NULL") == "t"
+                if side == "without" and present:
+                    cluster.psql("DROP INDEX intent.jobs_claimable_by_owner")
+                if side == "with" and not present:
+                    cluster.psql(create)
+                cluster.psql("VACUUM ANALYZE intent.jobs")
+                tps, lat, failed = pgbench(cluster, "submit_new.sql", clients, seconds=seconds)
+                if failed:
+                    sys.exit(f"submit_new.sql: {failed} failed transactions")
+                res[side][0].append(tps)
+                res[side][1].extend(lat)
+        w, wo = sum(res["with"][0]), sum(res["without"][0])
+        text = (f"submit throughput (submit_new.sql, {clients} clients, {rounds} alternating rounds of {seconds}s), "
+                f"with jobs_claimable_by_owner ÷ without: {w / rounds:.0f} ÷ {wo / rounds:.0f}/s = {w / wo:.3f} "
+                f"(p50/p99 {pct(res['with'][1], 50):.2f}/{pct(res['with'][1], 99):.2f} ms vs "
+                f"{pct(res['without'][1], 50):.2f}/{pct(res['without'][1], 99):.2f} ms)")
+        out("  " + text, "- " + text[0].upper() + text[1:].replace(f"= {w / wo:.3f}", f"= **{w / wo:.3f}**") + ".")
+        md.append("")
+        md.append(f"{os.cpu_count()} CPUs, synchronous_commit on, pgbench -M prepared.")
         if args.markdown:
             args.markdown.write_text("\n".join(md) + "\n")
     finally:

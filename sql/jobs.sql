@@ -100,6 +100,14 @@ CREATE INDEX jobs_claimable ON intent.jobs ((coalesce(retry_at, updated_at)))
 COMMENT ON INDEX intent.jobs_claimable IS
     'The claimable jobs, in the order claim_attempts takes them; only pending jobs with attempts left are in it.';
 
+-- For a claim by a session bound to one owner: the same jobs and order, per owner, so that its
+-- claim reads its owner's queue only, whatever the size of the others' (its cost, and its
+-- timing, tell nothing of theirs). owner_id never changes, so it costs no HOT update.
+CREATE INDEX jobs_claimable_by_owner ON intent.jobs (owner_id, (coalesce(retry_at, updated_at)))
+    WHERE state = 'pending' AND attempt_count < max_attempts;
+COMMENT ON INDEX intent.jobs_claimable_by_owner IS
+    'The claimable jobs per owner, in the order claim_attempts takes them: a bound session''s claim reads its owner''s part only.';
+
 -- What a purge leaves of a job: its id and the last version it handed out. Ids and attempt ids
 -- are derived from the key, so a new job of a purged key has the old job's ids; it starts above
 -- the old job's last version, so that a late report from one of the old job's attempts presents

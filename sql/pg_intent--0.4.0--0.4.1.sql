@@ -8,7 +8,9 @@
 --     session with intent.allow_checker_drop = on may drop a checker (pg_restore --clean);
 --   * (no SQL) intent.owner_id cannot change within a transaction once it has bound it, and a
 --     contract's checker runs with the setting itself bound to no owner, so that parallel
---     workers, which restore the leader's settings and none of its memory, bind as it does.
+--     workers, which restore the leader's settings and none of its memory, bind as it does;
+--   * the partial index jobs_claimable_by_owner, so that a bound session's claim reads its own
+--     owner's queue only (and the library dates what a call writes by the clock, once per call).
 
 \echo Use "ALTER EXTENSION pg_intent UPDATE TO '0.4.1'" to load this file. \quit
 
@@ -67,3 +69,14 @@ BEGIN
     END IF;
 END
 $$;
+
+
+-- ---------------------------------------------------------------------------------------------
+-- Claims by a bound session (issue 24 § 4): the claimable queue per owner, so that a session
+-- bound to one owner claims from its owner's jobs only, at a cost (and a timing) independent of
+-- other owners' queues. The claim order itself (the times the calls write) is the library's
+-- change, not the catalog's.
+CREATE INDEX jobs_claimable_by_owner ON intent.jobs (owner_id, (coalesce(retry_at, updated_at)))
+    WHERE state = 'pending' AND attempt_count < max_attempts;
+COMMENT ON INDEX intent.jobs_claimable_by_owner IS
+    'The claimable jobs per owner, in the order claim_attempts takes them: a bound session''s claim reads its owner''s part only.';

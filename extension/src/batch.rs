@@ -80,7 +80,7 @@ static INSERT_JOBS: Statement = Statement {
     name: Name::InsertJobs,
     sql: "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts,
                                    version, created_at, updated_at)
-          SELECT u.id, o, k, p, pa, c, m, coalesce(r.version + 1, 1), statement_timestamp(), statement_timestamp()
+          SELECT u.id, o, k, p, pa, c, m, coalesce(r.version + 1, 1), $8, $8
             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::text[], $7::int4[])
                  AS u(id, o, k, p, pa, c, m)
             LEFT JOIN intent.retired_keys r ON r.id = u.id
@@ -95,6 +95,7 @@ static INSERT_JOBS: Statement = Statement {
         pg_sys::JSONBARRAYOID,
         pg_sys::TEXTARRAYOID,
         pg_sys::INT4ARRAYOID,
+        pg_sys::TIMESTAMPTZOID,
     ],
 };
 
@@ -391,7 +392,22 @@ fn insert(client: &mut SpiClient<'_>, pending: &[Item], answers: &mut [Option<An
         .map(|i| i.max_attempts)
         .collect::<Vec<_>>()
         .into();
-    let rows = plans::run(client, &INSERT_JOBS, &columns(first.iter().copied(), last));
+    let [ids, owners, keys, providers, params, contracts, last] =
+        columns(first.iter().copied(), last);
+    let rows = plans::run(
+        client,
+        &INSERT_JOBS,
+        &[
+            ids,
+            owners,
+            keys,
+            providers,
+            params,
+            contracts,
+            last,
+            crate::clock::now().into(),
+        ],
+    );
     for row in rows {
         let id: Uuid = row.get(1).ok().flatten().expect("id is NOT NULL");
         let version: i64 = row.get(2).ok().flatten().expect("version is NOT NULL");

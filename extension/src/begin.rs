@@ -14,7 +14,8 @@ use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-/// Inserts the attempt and marks the job running in one statement. The version is not touched:
+/// Inserts the attempt and marks the job running in one statement, at the call's instant ($9,
+/// crate::clock): the lease starts and the job leaves the queue then. The version is not touched:
 /// it changes only when the outcome slot changes. If a hand-written row somehow got past the
 /// job lock, the partial unique index `attempts_one_open_per_job` still refuses it.
 static START_ATTEMPT: Statement = Statement {
@@ -22,11 +23,11 @@ static START_ATTEMPT: Statement = Statement {
     sql: "WITH a AS (
               INSERT INTO intent.attempts
                      (id, job_id, owner_id, attempt_no, provider, state, version_read, worker, lease, started_at, deadline)
-              VALUES ($1, $2, $3, $4, $5, 'started', $6, $7, $8, statement_timestamp(), statement_timestamp() + $8)
+              VALUES ($1, $2, $3, $4, $5, 'started', $6, $7, $8, $9, $9 + $8)
               RETURNING deadline),
           j AS (
               UPDATE intent.jobs SET state = 'running', attempt_count = $4, retry_at = NULL,
-                                     updated_at = statement_timestamp()
+                                     updated_at = $9
                WHERE id = $2)
           SELECT deadline FROM a",
     args: &[
@@ -38,6 +39,7 @@ static START_ATTEMPT: Statement = Statement {
         pg_sys::INT8OID,
         pg_sys::TEXTOID,
         pg_sys::INTERVALOID,
+        pg_sys::TIMESTAMPTZOID,
     ],
 };
 
@@ -47,10 +49,10 @@ static START_ATTEMPT_0_2: Statement = Statement {
     sql: "WITH a AS (
               INSERT INTO intent.attempts
                      (id, job_id, owner_id, attempt_no, provider, state, version_read, worker, lease, started_at, deadline)
-              VALUES ($1, $2, $3, $4, $5, 'started', $6, $7, $8, statement_timestamp(), statement_timestamp() + $8)
+              VALUES ($1, $2, $3, $4, $5, 'started', $6, $7, $8, $9, $9 + $8)
               RETURNING deadline),
           j AS (
-              UPDATE intent.jobs SET state = 'running', attempt_count = $4, updated_at = statement_timestamp()
+              UPDATE intent.jobs SET state = 'running', attempt_count = $4, updated_at = $9
                WHERE id = $2)
           SELECT deadline FROM a",
     args: START_ATTEMPT.args,
@@ -167,6 +169,7 @@ fn begin(
                 job.version.into(),
                 worker.into(),
                 lease.into(),
+                crate::clock::now().into(),
             ],
         ))
         .expect("INSERT … RETURNING returns the row it inserted");

@@ -13,7 +13,7 @@ use crate::jsonb::{CallJsonb, Jsonb};
 use crate::plans::{self, Name, Statement};
 use crate::refusal::{Answer, Refusal};
 use pg_intent_protocol::limits::MAX_CLAIM;
-use pgrx::datum::{Interval, TimestampWithTimeZone};
+use pgrx::datum::{DatumWithOid, Interval, TimestampWithTimeZone};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -115,40 +115,86 @@ pub fn notify_claimable(provider: &str) {
     }
 }
 
-/// Begins the next attempt of up to `$4` claimable jobs. `c` takes the jobs (skipping those
-/// another transaction holds); `a` inserts their attempts as begin_attempt would (its version,
-/// its worker, its lease); `j` marks them running and clears their retry time.
-static CLAIM: Statement = Statement {
-    name: Name::Claim,
-    sql: "WITH c AS (
+/// The claim, for a session bound to no owner (`$6` unused) or to the owner `$6`. `c` takes the
+/// jobs (skipping those another transaction holds); `a` inserts their attempts as begin_attempt
+/// would (its version, its worker, its lease); `j` marks them running and clears their retry
+/// time. `$5` is the call's instant (crate::clock): what is due, and when the leases start.
+macro_rules! claim_sql {
+    ($owner:literal, $order:literal) => {
+        concat!(
+            "WITH c AS (
               SELECT j.id, j.owner_id, j.attempt_count + 1 AS attempt_no, j.version, j.provider, j.params, j.contract,
                      coalesce(j.retry_at, j.updated_at) AS since
                 FROM intent.jobs j
-               WHERE j.state = 'pending' AND j.attempt_count < j.max_attempts
-                 AND coalesce(j.retry_at, j.updated_at) <= statement_timestamp()
+               WHERE j.state = 'pending' AND j.attempt_count < j.max_attempts",
+            $owner,
+            "
+                 AND coalesce(j.retry_at, j.updated_at) <= $5
                  AND ($1::text[] IS NULL OR j.provider = ANY ($1::text[]))
-               ORDER BY coalesce(j.retry_at, j.updated_at)
+               ORDER BY ",
+            $order,
+            "
                LIMIT $4
                  FOR NO KEY UPDATE OF j SKIP LOCKED),
           a AS (
               INSERT INTO intent.attempts
                      (id, job_id, owner_id, attempt_no, provider, state, version_read, worker, lease, started_at, deadline)
               SELECT intent.attempt_id(c.id, c.attempt_no), c.id, c.owner_id, c.attempt_no, c.provider, 'started',
-                     c.version, $2, $3, statement_timestamp(), statement_timestamp() + $3
+                     c.version, $2, $3, $5, $5 + $3
                 FROM c
               RETURNING id, job_id, deadline),
           j AS (
               UPDATE intent.jobs SET state = 'running', attempt_count = c.attempt_no, retry_at = NULL,
-                                     updated_at = statement_timestamp()
+                                     updated_at = $5
                 FROM c WHERE intent.jobs.id = c.id)
           SELECT c.id, a.id, c.attempt_no::int4, c.version::int8, a.deadline, c.provider::text, c.params, c.contract::text
             FROM c JOIN a ON a.job_id = c.id
-           ORDER BY c.since",
+           ORDER BY c.since"
+        )
+    };
+}
+
+/// Begins the next attempt of up to `$4` claimable jobs of every owner, longest-waiting first:
+/// the scan of `jobs_claimable`.
+static CLAIM: Statement = Statement {
+    name: Name::Claim,
+    sql: claim_sql!("", "coalesce(j.retry_at, j.updated_at)"),
     args: &[
         pg_sys::TEXTARRAYOID,
         pg_sys::TEXTOID,
         pg_sys::INTERVALOID,
         pg_sys::INT4OID,
+        pg_sys::TIMESTAMPTZOID,
+    ],
+};
+
+/// [`CLAIM`] for a session bound to the owner `$6`: the owner named in the statement, so that it
+/// scans that owner's part of `jobs_claimable_by_owner` (ordered by owner, then the same key)
+/// instead of walking every owner's queue and leaving the others' rows to the policies. Its
+/// cost, and so its timing, does not depend on other owners' queues: run with its generic plan
+/// (plans::run_generic), planned once, not for each call from the table's statistics, and
+/// without bitmap scans, so that the plan is the ordered scan of the owner's part that stops
+/// at `$4` jobs. The policies still apply.
+static CLAIM_BOUND: Statement = Statement {
+    name: Name::ClaimBound,
+    // The owner as a range (`>= $6 AND <= $6`, which for a deterministic collation is
+    // equality), with the equality itself as a plain filter (`IS TRUE`): an `owner_id = $6`
+    // clause would make owner_id a constant to the planner, so that jobs_claimable (ordered by
+    // the queue key alone) would provide the order too, and the plan could walk it and filter
+    // the owner, which is what a bound claim must never do (auto_explain showed it chosen, with
+    // two owners in the statistics). As written, only jobs_claimable_by_owner provides the order
+    // (owner_id, key) and takes the owner as its index condition; any other plan sorts.
+    sql: claim_sql!(
+        " AND j.owner_id >= $6::text AND j.owner_id <= $6::text AND (j.owner_id = $6::text) IS TRUE",
+        "j.owner_id, coalesce(j.retry_at, j.updated_at)"
+    ),
+    args: &[
+        pg_sys::TEXTARRAYOID,
+        pg_sys::TEXTOID,
+        pg_sys::INTERVALOID,
+        pg_sys::INT4OID,
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::TEXTOID,
     ],
 };
 
@@ -159,12 +205,17 @@ static CANDIDATES_DIST: Statement = Statement {
     name: Name::ClaimCandidatesDist,
     sql: "SELECT j.id FROM intent.jobs j
            WHERE j.state = 'pending' AND j.attempt_count < j.max_attempts
-             AND coalesce(j.retry_at, j.updated_at) <= statement_timestamp()
+             AND coalesce(j.retry_at, j.updated_at) <= $4
              AND ($1::text[] IS NULL OR j.provider = ANY ($1::text[]))
              AND ($3::text IS NULL OR j.owner_id = $3)
            ORDER BY coalesce(j.retry_at, j.updated_at)
            LIMIT $2",
-    args: &[pg_sys::TEXTARRAYOID, pg_sys::INT4OID, pg_sys::TEXTOID],
+    args: &[
+        pg_sys::TEXTARRAYOID,
+        pg_sys::INT4OID,
+        pg_sys::TEXTOID,
+        pg_sys::TIMESTAMPTZOID,
+    ],
 };
 
 /// Distributed, each candidate in turn: taken as the single-node claim takes it (the same
@@ -175,10 +226,10 @@ static TAKE_DIST: Statement = Statement {
     sql: "SELECT j.owner_id::text, j.attempt_count + 1, j.version::int8, j.provider::text, j.params, j.contract::text
             FROM intent.jobs j
            WHERE j.id = $1 AND j.state = 'pending' AND j.attempt_count < j.max_attempts
-             AND coalesce(j.retry_at, j.updated_at) <= statement_timestamp()
+             AND coalesce(j.retry_at, j.updated_at) <= $3
              AND ($2::text[] IS NULL OR j.provider = ANY ($2::text[]))
              FOR NO KEY UPDATE OF j SKIP LOCKED",
-    args: &[pg_sys::UUIDOID, pg_sys::TEXTARRAYOID],
+    args: &[pg_sys::UUIDOID, pg_sys::TEXTARRAYOID, pg_sys::TIMESTAMPTZOID],
 };
 
 /// How many candidates the distributed claim reads per job asked for: some may be taken by a
@@ -201,6 +252,7 @@ fn claim_dist(
             providers.clone().into(),
             max_jobs.saturating_mul(CANDIDATES_PER_JOB).into(),
             bound.as_deref().into(),
+            crate::clock::now().into(),
         ],
     )
     .map(|row| row.get::<Uuid>(1).ok().flatten().expect("ids are NOT NULL"))
@@ -213,7 +265,11 @@ fn claim_dist(
         let Some(row) = plans::first(plans::run(
             client,
             &TAKE_DIST,
-            &[job_id.into(), providers.clone().into()],
+            &[
+                job_id.into(),
+                providers.clone().into(),
+                crate::clock::now().into(),
+            ],
         )) else {
             continue;
         };
@@ -318,18 +374,38 @@ fn claim(
             claim_dist(client, providers, worker, lease, max_jobs)
         }));
     }
+    let bound = crate::owner::bound_owner();
     Ok(Spi::connect_mut(|client| {
-        plans::run(
-            client,
-            &CLAIM,
-            &[
-                providers.into(),
-                worker.into(),
-                lease.into(),
-                max_jobs.into(),
-            ],
-        )
-        .map(|row| {
+        let now = crate::clock::now();
+        let args: [DatumWithOid<'_>; 5] = [
+            providers.into(),
+            worker.into(),
+            lease.into(),
+            max_jobs.into(),
+            now.into(),
+        ];
+        let rows = match &bound {
+            None => plans::run(client, &CLAIM, &args),
+            Some(owner) => {
+                let [providers, worker, lease, max_jobs, now] = args;
+                plans::run_generic(
+                    client,
+                    &CLAIM_BOUND,
+                    &[
+                        providers,
+                        worker,
+                        lease,
+                        max_jobs,
+                        now,
+                        owner.as_str().into(),
+                    ],
+                    // Not a bitmap scan of the owner's part and a sort of all of it: the
+                    // ordered scan, which stops at max_jobs (an owner's own long queue).
+                    &[(c"enable_bitmapscan", c"off")],
+                )
+            }
+        };
+        rows.map(|row| {
             let not_null = |n| -> ! { panic!("pg_intent: claim column {n} is unexpectedly NULL") };
             Claimed {
                 job_id: row.get(1).ok().flatten().unwrap_or_else(|| not_null(1)),

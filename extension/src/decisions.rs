@@ -27,14 +27,20 @@ static ABANDON: Statement = Statement {
         "
               RETURNING id, job_id, owner_id),
           j AS (
-              UPDATE intent.jobs SET state = 'pending', retry_at = NULL, updated_at = statement_timestamp()
+              UPDATE intent.jobs SET state = 'pending', retry_at = NULL, updated_at = $5
                WHERE id = (SELECT job_id FROM a) AND state IN ('running', 'unknown'))
           INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
           SELECT a.job_id, a.owner_id, a.id, 'abandoned',
                  jsonb_build_object('reason', $2::text, 'previous_state', $3::text, 'lease_expired', $4::boolean)
             FROM a"
     ),
-    args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::BOOLOID],
+    args: &[
+        pg_sys::UUIDOID,
+        pg_sys::TEXTOID,
+        pg_sys::TEXTOID,
+        pg_sys::BOOLOID,
+        pg_sys::TIMESTAMPTZOID,
+    ],
 };
 
 /// [`ABANDON`] on the catalog of 0.2.0 (no `retry_at`).
@@ -48,14 +54,20 @@ static ABANDON_0_2: Statement = Statement {
         "
               RETURNING id, job_id, owner_id),
           j AS (
-              UPDATE intent.jobs SET state = 'pending', updated_at = statement_timestamp()
+              UPDATE intent.jobs SET state = 'pending', updated_at = $5
                WHERE id = (SELECT job_id FROM a) AND state IN ('running', 'unknown'))
           INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
           SELECT a.job_id, a.owner_id, a.id, 'abandoned',
                  jsonb_build_object('reason', $2::text, 'previous_state', $3::text, 'lease_expired', $4::boolean)
             FROM a"
     ),
-    args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::BOOLOID],
+    args: &[
+        pg_sys::UUIDOID,
+        pg_sys::TEXTOID,
+        pg_sys::TEXTOID,
+        pg_sys::BOOLOID,
+        pg_sys::TIMESTAMPTZOID,
+    ],
 };
 
 /// version + 1 makes every attempt still out there lose its compare-and-swap.
@@ -63,7 +75,7 @@ static CANCEL: Statement = Statement {
     name: Name::Cancel,
     sql: concat!(
         "WITH j AS (
-              UPDATE intent.jobs SET state = 'cancelled', version = version + 1, updated_at = statement_timestamp()
+              UPDATE intent.jobs SET state = 'cancelled', version = version + 1, updated_at = $4
                WHERE id = $1 AND state IN ",
         open_job_states_sql!(),
         "
@@ -78,7 +90,12 @@ static CANCEL: Statement = Statement {
             FROM j
           RETURNING 1"
     ),
-    args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+    args: &[
+        pg_sys::UUIDOID,
+        pg_sys::TEXTOID,
+        pg_sys::TEXTOID,
+        pg_sys::TIMESTAMPTZOID,
+    ],
 };
 
 crate::entry::sql_function!(
@@ -128,6 +145,7 @@ fn abandon(attempt_id: Option<Uuid>, reason: Option<&str>) -> Answer<()> {
                     reason.into(),
                     attempt.state.as_str().into(),
                     attempt.is_lapsed().into(),
+                    crate::clock::now().into(),
                 ],
             );
         }
@@ -337,7 +355,12 @@ fn cancel(job_id: Option<Uuid>, reason: Option<&str>) -> Answer<bool> {
         let cancelled = plans::first(plans::run(
             client,
             &CANCEL,
-            &[job_id.into(), reason.into(), job.state.as_str().into()],
+            &[
+                job_id.into(),
+                reason.into(),
+                job.state.as_str().into(),
+                crate::clock::now().into(),
+            ],
         ));
         Ok(cancelled.is_some())
     })

@@ -141,12 +141,12 @@ static LOGGED: Statement = Statement {
     args: &[pg_sys::UUIDOID, pg_sys::UUIDOID, pg_sys::TEXTOID],
 };
 
-/// begin.rs START_ATTEMPT, first half: the attempt.
+/// begin.rs START_ATTEMPT, first half: the attempt, at the call's instant ($9).
 static INSERT_ATTEMPT: Statement = Statement {
     name: Name::InsertAttemptDist,
     sql: "INSERT INTO intent.attempts
                  (id, job_id, owner_id, attempt_no, provider, state, version_read, worker, lease, started_at, deadline)
-          VALUES ($1, $2, $3, $4, $5, 'started', $6, $7, $8, statement_timestamp(), statement_timestamp() + $8)
+          VALUES ($1, $2, $3, $4, $5, 'started', $6, $7, $8, $9, $9 + $8)
           RETURNING deadline",
     args: &[
         pg_sys::UUIDOID,
@@ -157,6 +157,7 @@ static INSERT_ATTEMPT: Statement = Statement {
         pg_sys::INT8OID,
         pg_sys::TEXTOID,
         pg_sys::INTERVALOID,
+        pg_sys::TIMESTAMPTZOID,
     ],
 };
 
@@ -164,9 +165,9 @@ static INSERT_ATTEMPT: Statement = Statement {
 static MARK_RUNNING: Statement = Statement {
     name: Name::MarkRunningDist,
     sql: "UPDATE intent.jobs SET state = 'running', attempt_count = $2, retry_at = NULL,
-                                 updated_at = statement_timestamp()
+                                 updated_at = $3
            WHERE id = $1",
-    args: &[pg_sys::UUIDOID, pg_sys::INT4OID],
+    args: &[pg_sys::UUIDOID, pg_sys::INT4OID, pg_sys::TIMESTAMPTZOID],
 };
 
 /// Begins an attempt as begin_attempt's START_ATTEMPT does; returns its deadline.
@@ -194,11 +195,16 @@ pub fn start_attempt(
             version.into(),
             worker.into(),
             lease.into(),
+            crate::clock::now().into(),
         ],
     ))
     .expect("INSERT … RETURNING returns the row it inserted");
     let deadline = plans::must(&row, 1);
-    plans::run(client, &MARK_RUNNING, &[job_id.into(), attempt_no.into()]);
+    plans::run(
+        client,
+        &MARK_RUNNING,
+        &[job_id.into(), attempt_no.into(), crate::clock::now().into()],
+    );
     deadline
 }
 
@@ -219,9 +225,9 @@ static ATTEMPT_UNKNOWN: Statement = Statement {
 /// Second part: a running job becomes unknown.
 static JOB_UNKNOWN: Statement = Statement {
     name: Name::JobUnknownDist,
-    sql: "UPDATE intent.jobs SET state = 'unknown', updated_at = statement_timestamp()
+    sql: "UPDATE intent.jobs SET state = 'unknown', updated_at = $2
            WHERE id = $1 AND state = 'running'",
-    args: &[pg_sys::UUIDOID],
+    args: &[pg_sys::UUIDOID, pg_sys::TIMESTAMPTZOID],
 };
 
 /// An event's INSERT: VALUES, routed by its job id ($1), detail built on the coordinator as
@@ -363,7 +369,11 @@ pub fn settle_lapsed(client: &mut SpiClient<'_>, attempt_id: Uuid, noticed_by: &
     };
     let owner: String = plans::must(&row, 1);
     let deadline: TimestampWithTimeZone = plans::must(&row, 2);
-    plans::run(client, &JOB_UNKNOWN, &[job_id.into()]);
+    plans::run(
+        client,
+        &JOB_UNKNOWN,
+        &[job_id.into(), crate::clock::now().into()],
+    );
     plans::run(
         client,
         &EVENT_LAPSED,
@@ -390,7 +400,11 @@ pub fn mark_unknown(client: &mut SpiClient<'_>, attempt_id: Uuid, reason: Option
     };
     let owner: String = plans::must(&row, 1);
     let deadline: TimestampWithTimeZone = plans::must(&row, 2);
-    plans::run(client, &JOB_UNKNOWN, &[job_id.into()]);
+    plans::run(
+        client,
+        &JOB_UNKNOWN,
+        &[job_id.into(), crate::clock::now().into()],
+    );
     plans::run(
         client,
         &EVENT_CALLER_TIMEOUT,
@@ -409,14 +423,19 @@ pub static HEARTBEAT: Statement = Statement {
     name: Name::HeartbeatDist,
     sql: concat!(
         "UPDATE intent.attempts a
-             SET deadline = greatest(a.deadline, statement_timestamp() + coalesce($2, a.lease))
+             SET deadline = greatest(a.deadline, $4 + coalesce($2, a.lease))
            WHERE a.id = $1 AND a.job_id = $3 AND ",
-        live_sql!("a"),
+        live_sql!("a", "$4"),
         "
              AND EXISTS (SELECT 1 FROM intent.jobs j WHERE j.id = $3 AND j.state = 'running')
           RETURNING 1"
     ),
-    args: &[pg_sys::UUIDOID, pg_sys::INTERVALOID, pg_sys::UUIDOID],
+    args: &[
+        pg_sys::UUIDOID,
+        pg_sys::INTERVALOID,
+        pg_sys::UUIDOID,
+        pg_sys::TIMESTAMPTZOID,
+    ],
 };
 
 static ABANDON_ATTEMPT: Statement = Statement {
@@ -432,9 +451,9 @@ static ABANDON_ATTEMPT: Statement = Statement {
 
 static JOB_PENDING: Statement = Statement {
     name: Name::JobPendingDist,
-    sql: "UPDATE intent.jobs SET state = 'pending', retry_at = NULL, updated_at = statement_timestamp()
+    sql: "UPDATE intent.jobs SET state = 'pending', retry_at = NULL, updated_at = $2
            WHERE id = $1 AND state IN ('running', 'unknown')",
-    args: &[pg_sys::UUIDOID],
+    args: &[pg_sys::UUIDOID, pg_sys::TIMESTAMPTZOID],
 };
 
 /// decisions.rs ABANDON.
@@ -454,7 +473,11 @@ pub fn abandon(
         return;
     };
     let owner: String = plans::must(&row, 1);
-    plans::run(client, &JOB_PENDING, &[job_id.into()]);
+    plans::run(
+        client,
+        &JOB_PENDING,
+        &[job_id.into(), crate::clock::now().into()],
+    );
     plans::run(
         client,
         &EVENT_ABANDONED,
@@ -472,12 +495,12 @@ pub fn abandon(
 static CANCEL_JOB: Statement = Statement {
     name: Name::CancelJobDist,
     sql: concat!(
-        "UPDATE intent.jobs SET state = 'cancelled', version = version + 1, updated_at = statement_timestamp()
+        "UPDATE intent.jobs SET state = 'cancelled', version = version + 1, updated_at = $2
           WHERE id = $1 AND state IN ",
         open_job_states_sql!(),
         " RETURNING owner_id::text, version::int8"
     ),
-    args: &[pg_sys::UUIDOID],
+    args: &[pg_sys::UUIDOID, pg_sys::TIMESTAMPTZOID],
 };
 
 static OPEN_ATTEMPT_ID: Statement = Statement {
@@ -496,7 +519,11 @@ pub fn cancel(
     reason: Option<&str>,
     previous_state: &str,
 ) -> bool {
-    let Some(row) = plans::first(plans::run(client, &CANCEL_JOB, &[job_id.into()])) else {
+    let Some(row) = plans::first(plans::run(
+        client,
+        &CANCEL_JOB,
+        &[job_id.into(), crate::clock::now().into()],
+    )) else {
         return false;
     };
     let owner: String = plans::must(&row, 1);
@@ -524,7 +551,7 @@ static WIN: Statement = Statement {
     sql: concat!(
         "UPDATE intent.jobs
             SET state = 'succeeded', result = $3, completed_by = $1, version = version + 1,
-                updated_at = statement_timestamp()
+                updated_at = $5
           WHERE id = $2 AND version = $4 AND completed_by IS NULL AND state IN ",
         open_job_states_sql!(),
         " RETURNING version"
@@ -534,19 +561,21 @@ static WIN: Statement = Statement {
         pg_sys::UUIDOID,
         pg_sys::JSONBOID,
         pg_sys::INT8OID,
+        pg_sys::TIMESTAMPTZOID,
     ],
 };
 
 static ATTEMPT_RETURNED: Statement = Statement {
     name: Name::AttemptReturnedDist,
     sql: "UPDATE intent.attempts
-             SET state = $3::text::intent.attempt_state, result = $4, finished_at = statement_timestamp()
+             SET state = $3::text::intent.attempt_state, result = $4, finished_at = $5
            WHERE id = $1 AND job_id = $2",
     args: &[
         pg_sys::UUIDOID,
         pg_sys::UUIDOID,
         pg_sys::TEXTOID,
         pg_sys::JSONBOID,
+        pg_sys::TIMESTAMPTZOID,
     ],
 };
 
@@ -568,6 +597,7 @@ pub fn complete(
             job_id.into(),
             result.into(),
             version.into(),
+            crate::clock::now().into(),
         ],
     ))
     .is_some();
@@ -579,6 +609,7 @@ pub fn complete(
             job_id.into(),
             if won { "succeeded" } else { "discarded" }.into(),
             result.into(),
+            crate::clock::now().into(),
         ],
     );
     if !won {
@@ -684,13 +715,14 @@ pub fn log_late_failure(
 /// finish.rs FAIL_ATTEMPT, with the job id ($4).
 pub static FAIL_ATTEMPT: Statement = Statement {
     name: Name::FailAttemptDist,
-    sql: "UPDATE intent.attempts SET state = 'failed', error = $2, result = $3, finished_at = statement_timestamp()
+    sql: "UPDATE intent.attempts SET state = 'failed', error = $2, result = $3, finished_at = $5
            WHERE id = $1 AND job_id = $4",
     args: &[
         pg_sys::UUIDOID,
         pg_sys::JSONBOID,
         pg_sys::JSONBOID,
         pg_sys::UUIDOID,
+        pg_sys::TIMESTAMPTZOID,
     ],
 };
 
@@ -700,7 +732,7 @@ pub static FAIL_JOB: Statement = Statement {
     sql: concat!(
         "UPDATE intent.jobs
              SET state = 'failed', error = $3, completed_by = $1, version = version + 1,
-                 updated_at = statement_timestamp()
+                 updated_at = $5
            WHERE id = $2 AND version = $4 AND completed_by IS NULL
              AND state IN ",
         open_job_states_sql!(),
@@ -711,21 +743,28 @@ pub static FAIL_JOB: Statement = Statement {
         pg_sys::UUIDOID,
         pg_sys::JSONBOID,
         pg_sys::INT8OID,
+        pg_sys::TIMESTAMPTZOID,
     ],
 };
 
 /// finish.rs REOPEN_JOB: the attempts counted on the job's shard, and whether the job is
 /// claimable at once read from its own columns (Citus refuses statement_timestamp() in
-/// RETURNING; updated_at is the statement's timestamp).
+/// RETURNING; updated_at is the call's instant, $5).
 pub static REOPEN_JOB: Statement = Statement {
     name: Name::ReopenJobDist,
-    sql: "UPDATE intent.jobs j SET state = 'pending', updated_at = statement_timestamp(),
-                 retry_at = statement_timestamp() + coalesce($2, make_interval(secs => least($4,
+    sql: "UPDATE intent.jobs j SET state = 'pending', updated_at = $5,
+                 retry_at = $5 + coalesce($2, make_interval(secs => least($4,
                      $3 * power(2, least(30, greatest(0, (SELECT count(*) FROM intent.attempts a
                                                            WHERE a.job_id = $1 AND a.state = 'failed') - 1))))))
            WHERE j.id = $1 AND j.state IN ('running', 'unknown')
           RETURNING j.retry_at <= j.updated_at",
-    args: &[pg_sys::UUIDOID, pg_sys::INTERVALOID, pg_sys::FLOAT8OID, pg_sys::FLOAT8OID],
+    args: &[
+        pg_sys::UUIDOID,
+        pg_sys::INTERVALOID,
+        pg_sys::FLOAT8OID,
+        pg_sys::FLOAT8OID,
+        pg_sys::TIMESTAMPTZOID,
+    ],
 };
 
 /// A reconciliation (decisions.rs `RECORD_RECONCILED`) as `INSERT … VALUES`, routed by its job

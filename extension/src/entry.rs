@@ -84,8 +84,11 @@ pub fn caller_memory() -> pg_sys::MemoryContext {
 ///   for an unbound one (below).
 /// - It pins the search path.
 /// - It records the caller's memory context for [`caller_memory`].
+/// - It starts the call without an instant: `crate::clock::now` reads the clock on first use.
 struct Call {
     security: Option<(pg_sys::Oid, c_int)>,
+    /// The enclosing call's instant (crate::clock), put back when this one ends.
+    now: Option<pg_sys::TimestampTz>,
     _path: PinnedSearchPath,
 }
 
@@ -109,6 +112,7 @@ impl Call {
         CALLER_MEMORY.with_borrow_mut(|stack| stack.push(unsafe { pg_sys::CurrentMemoryContext }));
         Ok(Call {
             security,
+            now: crate::clock::enter(),
             _path: PinnedSearchPath::push(),
         })
     }
@@ -117,6 +121,7 @@ impl Call {
 impl Drop for Call {
     fn drop(&mut self) {
         CALLER_MEMORY.with_borrow_mut(|stack| stack.pop());
+        crate::clock::leave(self.now);
         if let Some((user, context)) = self.security {
             // SAFETY: puts back what `security_context` read.
             unsafe { pg_sys::SetUserIdAndSecContext(user, context) };

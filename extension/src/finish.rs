@@ -26,7 +26,7 @@ static COMPLETE: Statement = Statement {
         "WITH won AS (
               UPDATE intent.jobs
                  SET state = 'succeeded', result = $3, completed_by = $1, version = version + 1,
-                     updated_at = statement_timestamp()
+                     updated_at = $6
                WHERE id = $2 AND version = $4 AND completed_by IS NULL
                  AND state IN ",
         open_job_states_sql!(),
@@ -35,7 +35,7 @@ static COMPLETE: Statement = Statement {
           a AS (
               UPDATE intent.attempts
                  SET state = CASE WHEN EXISTS (SELECT 1 FROM won) THEN 'succeeded' ELSE 'discarded' END::intent.attempt_state,
-                     result = $3, finished_at = statement_timestamp()
+                     result = $3, finished_at = $6
                WHERE id = $1),
           e AS (
               INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
@@ -47,7 +47,14 @@ static COMPLETE: Statement = Statement {
                WHERE j.id = $2 AND NOT EXISTS (SELECT 1 FROM won))
           SELECT EXISTS (SELECT 1 FROM won)"
     ),
-    args: &[pg_sys::UUIDOID, pg_sys::UUIDOID, pg_sys::JSONBOID, pg_sys::INT8OID, pg_sys::TEXTOID],
+    args: &[
+        pg_sys::UUIDOID,
+        pg_sys::UUIDOID,
+        pg_sys::JSONBOID,
+        pg_sys::INT8OID,
+        pg_sys::TEXTOID,
+        pg_sys::TIMESTAMPTZOID,
+    ],
 };
 
 /// A result for an attempt that had already failed definitely: it cannot become the job's
@@ -68,9 +75,14 @@ static LOG_RESULT_AFTER_FAILURE: Statement = Statement {
 /// Records a definite failure on the attempt; a rejected result stays on its own row.
 static FAIL_ATTEMPT: Statement = Statement {
     name: Name::FailAttempt,
-    sql: "UPDATE intent.attempts SET state = 'failed', error = $2, result = $3, finished_at = statement_timestamp()
+    sql: "UPDATE intent.attempts SET state = 'failed', error = $2, result = $3, finished_at = $4
            WHERE id = $1",
-    args: &[pg_sys::UUIDOID, pg_sys::JSONBOID, pg_sys::JSONBOID],
+    args: &[
+        pg_sys::UUIDOID,
+        pg_sys::JSONBOID,
+        pg_sys::JSONBOID,
+        pg_sys::TIMESTAMPTZOID,
+    ],
 };
 
 /// A result that broke the job's contract, logged with the validation errors.
@@ -89,7 +101,7 @@ static FAIL_JOB: Statement = Statement {
     sql: concat!(
         "UPDATE intent.jobs
              SET state = 'failed', error = $3, completed_by = $1, version = version + 1,
-                 updated_at = statement_timestamp()
+                 updated_at = $5
            WHERE id = $2 AND version = $4 AND completed_by IS NULL
              AND state IN ",
         open_job_states_sql!(),
@@ -100,6 +112,7 @@ static FAIL_JOB: Statement = Statement {
         pg_sys::UUIDOID,
         pg_sys::JSONBOID,
         pg_sys::INT8OID,
+        pg_sys::TIMESTAMPTZOID,
     ],
 };
 
@@ -113,22 +126,28 @@ static REOPEN_JOB: Statement = Statement {
     // $3 and $4: the settings in seconds, each checked to at most 30 days, so the product is at
     // most 30 days × 2^30 seconds, which a double holds exactly enough, and the delay at most
     // 30 days, which an interval holds.
-    sql: "UPDATE intent.jobs j SET state = 'pending', updated_at = statement_timestamp(),
-                 retry_at = statement_timestamp() + coalesce($2, make_interval(secs => least($4,
+    sql: "UPDATE intent.jobs j SET state = 'pending', updated_at = $5,
+                 retry_at = $5 + coalesce($2, make_interval(secs => least($4,
                      $3 * power(2, least(30, greatest(0, (SELECT count(*) FROM intent.attempts a
                                                            WHERE a.job_id = j.id AND a.state = 'failed') - 1))))))
            WHERE j.id = $1 AND j.state IN ('running', 'unknown')
-          RETURNING j.retry_at <= statement_timestamp()",
-    args: &[pg_sys::UUIDOID, pg_sys::INTERVALOID, pg_sys::FLOAT8OID, pg_sys::FLOAT8OID],
+          RETURNING j.retry_at <= $5",
+    args: &[
+        pg_sys::UUIDOID,
+        pg_sys::INTERVALOID,
+        pg_sys::FLOAT8OID,
+        pg_sys::FLOAT8OID,
+        pg_sys::TIMESTAMPTZOID,
+    ],
 };
 
 /// [`REOPEN_JOB`] on the catalog of 0.2.0 (no `retry_at`: claimable at once).
 static REOPEN_JOB_0_2: Statement = Statement {
     name: Name::ReopenJob0_2,
-    sql: "UPDATE intent.jobs SET state = 'pending', updated_at = statement_timestamp()
+    sql: "UPDATE intent.jobs SET state = 'pending', updated_at = $2
            WHERE id = $1 AND state IN ('running', 'unknown')
           RETURNING true",
-    args: &[pg_sys::UUIDOID],
+    args: &[pg_sys::UUIDOID, pg_sys::TIMESTAMPTZOID],
 };
 
 /// A failure that arrived after the job's outcome was decided.
@@ -239,6 +258,7 @@ fn complete(
                 result.into(),
                 version.into(),
                 state_before.as_str().into(),
+                crate::clock::now().into(),
             ],
         ))
         .expect("SELECT EXISTS returns a row");
@@ -356,7 +376,12 @@ fn reject(
         plans::run(
             client,
             &FAIL_ATTEMPT,
-            &[attempt.id.into(), error.into(), result.into()],
+            &[
+                attempt.id.into(),
+                error.into(),
+                result.into(),
+                crate::clock::now().into(),
+            ],
         );
         return Ok(());
     }
@@ -402,6 +427,7 @@ fn settle_failure(
                 job.id.into(),
                 error.into(),
                 attempt.version_read.into(),
+                crate::clock::now().into(),
             ],
         ));
         return Ok(match row {
@@ -429,10 +455,15 @@ fn settle_failure(
                     retry.after.into(),
                     first.into(),
                     longest.into(),
+                    crate::clock::now().into(),
                 ],
             )
         } else {
-            plans::run(client, &REOPEN_JOB_0_2, &[job.id.into()])
+            plans::run(
+                client,
+                &REOPEN_JOB_0_2,
+                &[job.id.into(), crate::clock::now().into()],
+            )
         });
         if reopened.is_some_and(|row| plans::must::<bool>(&row, 1)) {
             crate::claim::notify_claimable(&job.provider);
@@ -483,13 +514,19 @@ fn fail_attempt_row(
                 error.into(),
                 result.into(),
                 job_id.into(),
+                crate::clock::now().into(),
             ],
         );
     } else {
         plans::run(
             client,
             &FAIL_ATTEMPT,
-            &[attempt_id.into(), error.into(), result.into()],
+            &[
+                attempt_id.into(),
+                error.into(),
+                result.into(),
+                crate::clock::now().into(),
+            ],
         );
     }
 }

@@ -74,7 +74,7 @@ static SETTLE_LAPSED: Statement = Statement {
         "
               RETURNING id, job_id, owner_id, deadline),
           j AS (
-              UPDATE intent.jobs SET state = 'unknown', updated_at = statement_timestamp()
+              UPDATE intent.jobs SET state = 'unknown', updated_at = $3
                WHERE id = (SELECT job_id FROM a) AND state = 'running'),
           e AS (
               INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
@@ -83,7 +83,7 @@ static SETTLE_LAPSED: Statement = Statement {
                 FROM a)
           SELECT count(*) FROM a"
     ),
-    args: &[pg_sys::UUIDOID, pg_sys::TEXTOID],
+    args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID],
 };
 
 /// The job row, read under its row lock.
@@ -262,7 +262,11 @@ pub fn settle_lapsed(client: &mut SpiClient<'_>, attempt_id: Uuid, noticed_by: &
     let row = plans::first(plans::run(
         client,
         &SETTLE_LAPSED,
-        &[attempt_id.into(), noticed_by.into()],
+        &[
+            attempt_id.into(),
+            noticed_by.into(),
+            crate::clock::now().into(),
+        ],
     ))
     .expect("count(*) returns a row");
     plans::must::<i64>(&row, 1) > 0

@@ -26,7 +26,7 @@ static MARK_UNKNOWN: Statement = Statement {
                WHERE id = $1 AND state = 'started'
               RETURNING id, job_id, owner_id, deadline),
           j AS (
-              UPDATE intent.jobs SET state = 'unknown', updated_at = statement_timestamp()
+              UPDATE intent.jobs SET state = 'unknown', updated_at = $3
                WHERE id = (SELECT job_id FROM a) AND state = 'running')
           INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
           SELECT a.job_id, a.owner_id, a.id, 'timeout',
@@ -36,23 +36,24 @@ static MARK_UNKNOWN: Statement = Statement {
         ")
             FROM a"
     ),
-    args: &[pg_sys::UUIDOID, pg_sys::TEXTOID],
+    args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID],
 };
 
-/// Extends a live lease (the job row is locked first). Only a started attempt within its lease,
+/// Extends a live lease (the job row is locked first), judged and extended at the call's
+/// instant ($3): a lease that lapsed before it is not revived. Only a started attempt within its lease,
 /// whose job is still running, can be extended: anything else tells the worker to stop.
 static HEARTBEAT: Statement = Statement {
     name: Name::Heartbeat,
     sql: concat!(
         "UPDATE intent.attempts a
-             SET deadline = greatest(a.deadline, statement_timestamp() + coalesce($2, a.lease))
+             SET deadline = greatest(a.deadline, $3 + coalesce($2, a.lease))
            WHERE a.id = $1 AND ",
-        live_sql!("a"),
+        live_sql!("a", "$3"),
         "
              AND EXISTS (SELECT 1 FROM intent.jobs j WHERE j.id = a.job_id AND j.state = 'running')
           RETURNING 1"
     ),
-    args: &[pg_sys::UUIDOID, pg_sys::INTERVALOID],
+    args: &[pg_sys::UUIDOID, pg_sys::INTERVALOID, pg_sys::TIMESTAMPTZOID],
 };
 
 /// Attempts whose lease ran out, for sweep. Cross-job by nature: maintenance only.
@@ -108,7 +109,11 @@ fn mark_unknown(attempt_id: Option<Uuid>, reason: Option<&str>) -> Answer<()> {
             if crate::dist::distributed() {
                 crate::dist::mark_unknown(client, attempt_id, reason);
             } else {
-                plans::run(client, &MARK_UNKNOWN, &[attempt_id.into(), reason.into()]);
+                plans::run(
+                    client,
+                    &MARK_UNKNOWN,
+                    &[attempt_id.into(), reason.into(), crate::clock::now().into()],
+                );
             }
         }
         Ok(())
@@ -148,10 +153,19 @@ fn heartbeat(attempt_id: Option<Uuid>, extend: Option<Interval>) -> Answer<bool>
             plans::run(
                 client,
                 &crate::dist::HEARTBEAT,
-                &[attempt_id.into(), extend.into(), job_id.into()],
+                &[
+                    attempt_id.into(),
+                    extend.into(),
+                    job_id.into(),
+                    crate::clock::now().into(),
+                ],
             )
         } else {
-            plans::run(client, &HEARTBEAT, &[attempt_id.into(), extend.into()])
+            plans::run(
+                client,
+                &HEARTBEAT,
+                &[attempt_id.into(), extend.into(), crate::clock::now().into()],
+            )
         })
         .is_some())
     })

@@ -38,6 +38,7 @@ mod batch;
 mod begin;
 mod checker;
 mod claim;
+mod clock;
 mod contract;
 mod decisions;
 mod direct;

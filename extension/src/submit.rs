@@ -25,7 +25,7 @@ static INSERT_JOB: Statement = Statement {
     // the new job reuses, then presents a version the new job never handed out.
     sql: "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts,
                                    version, created_at, updated_at)
-          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, statement_timestamp(), statement_timestamp())
+          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
           ON CONFLICT DO NOTHING
           RETURNING version",
     args: &[
@@ -37,6 +37,7 @@ static INSERT_JOB: Statement = Statement {
         pg_sys::TEXTOID,
         pg_sys::INT4OID,
         pg_sys::INT8OID,
+        pg_sys::TIMESTAMPTZOID,
     ],
 };
 
@@ -217,6 +218,7 @@ fn submit(
                     contract.into(),
                     max_attempts.into(),
                     first_version.into(),
+                    crate::clock::now().into(),
                 ],
             );
             if let Some(row) = plans::first(inserted) {

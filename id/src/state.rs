@@ -184,7 +184,9 @@ pub const fn lapsed(state: AttemptState, past_deadline: bool) -> bool {
 
 /// The deadline rule in SQL, for an attempt row (optionally qualified by an alias): a
 /// `started` attempt whose deadline has passed, as of `statement_timestamp()` — one instant per
-/// call. Every statement of the extension and every view is built from this fragment (views
+/// statement. The times a call writes (deadlines among them) are the clock at its write, never
+/// earlier than its statement's start, so a statement held open only makes a lease look alive
+/// longer to its own calls (docs/protocol.md § Time). Every statement of the extension and every view is built from this fragment (views
 /// spell it out, since an install script cannot call a macro; a test checks they match it).
 ///
 /// ```
@@ -210,6 +212,15 @@ macro_rules! lapsed_sql {
 }
 
 /// The negation of [`lapsed_sql!`] for a `started` attempt: started and still within its lease.
+/// With a second argument, as of that instant instead (a parameter holding the call's clock,
+/// for a statement that extends the lease it judges: the heartbeat).
+///
+/// ```
+/// assert_eq!(
+///     pg_intent_protocol::live_sql!("a", "$3"),
+///     "(a.state = 'started' AND a.deadline > $3)"
+/// );
+/// ```
 #[macro_export]
 macro_rules! live_sql {
     ($alias:literal) => {
@@ -219,6 +230,17 @@ macro_rules! live_sql {
             ".state = 'started' AND ",
             $alias,
             ".deadline > statement_timestamp())"
+        )
+    };
+    ($alias:literal, $now:literal) => {
+        concat!(
+            "(",
+            $alias,
+            ".state = 'started' AND ",
+            $alias,
+            ".deadline > ",
+            $now,
+            ")"
         )
     };
 }

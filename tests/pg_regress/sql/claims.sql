@@ -20,7 +20,7 @@ SELECT created FROM intent.submit_job('carol', 'a-3', 'gpu-a', '{"n": 4}');
 -- (Its attempts are read by the next statements: a statement does not see the rows the
 -- functions it calls write, and a join with an empty intent.attempts may not even call it.)
 SELECT j.idempotency_key, c.attempt_no, c.version, c.provider, c.params, c.contract,
-       c.attempt_id = intent.attempt_id(c.job_id, 1) AS derived, c.deadline - statement_timestamp() AS lease
+       c.attempt_id = intent.attempt_id(c.job_id, 1) AS derived, date_trunc('second', c.deadline - statement_timestamp()) AS lease
   FROM intent.claim_attempts(ARRAY['gpu-a'], 'worker-1', '1 hour') c
   JOIN intent.jobs j ON j.id = c.job_id;
 SELECT idempotency_key, state, attempt_count FROM intent.jobs ORDER BY created_at;
@@ -114,3 +114,8 @@ SELECT count(*) AS claimed FROM intent.claim_attempts(ARRAY['gpu-a']);
 
 -- 9. The claim reads the partial index, whatever the number of finished jobs.
 SELECT indexdef FROM pg_indexes WHERE indexname = 'jobs_claimable';
+
+-- 10. A session bound to an owner claims from its owner's part of a per-owner index, with the
+--     same predicate and order: its claim never reads other owners' queued rows.
+SELECT indexdef FROM pg_indexes WHERE indexname = 'jobs_claimable_by_owner';
+SELECT obj_description('intent.jobs_claimable_by_owner'::regclass, 'pg_class') IS NOT NULL AS commented;

@@ -77,8 +77,9 @@ SELECT * FROM t.unchanged();
 -- After the sweep the refusal is the same IJ003, now without a deadline in its DETAIL.
 SELECT * FROM t.error_of($$SELECT intent.begin_attempt(intent.job_id('frank', 'lapse-begin'))$$);
 
--- 9. "Now" is statement_timestamp(), fresh for every call even inside one transaction: an
---    attempt begun in a transaction lapses while that transaction is still open.
+-- 9. "Now" is fresh for every call even inside one transaction (the deadline rule compares with
+--    statement_timestamp(); a call writes the clock): an attempt begun in a transaction lapses
+--    while that transaction is still open.
 BEGIN;
 SELECT job_id FROM intent.submit_job('frank', 'in-transaction', 'gpu', '{}');
 SELECT attempt_no FROM intent.begin_attempt(intent.job_id('frank', 'in-transaction'), NULL, '2 seconds');
