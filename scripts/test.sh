@@ -31,7 +31,7 @@ install_majors
 setup_all
 
 # The suites every major runs (the default one runs them within the full suite).
-MAJOR_TESTS=(double_click same_key_different_input timeout reverse_order_finish host_database private_schemas security threat_model)
+MAJOR_TESTS=(double_click same_key_different_input timeout reverse_order_finish host_database private_schemas claim_order security threat_model)
 
 other_majors() {
   local m
