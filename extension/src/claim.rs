@@ -400,8 +400,11 @@ fn claim(
                         owner.as_str().into(),
                     ],
                     // Not a bitmap scan of the owner's part and a sort of all of it: the
-                    // ordered scan, which stops at max_jobs (an owner's own long queue).
-                    &[(c"enable_bitmapscan", c"off")],
+                    // ordered scan, which stops at max_jobs (an owner's own long queue). And no
+                    // sequential scan anywhere in it: a plan made while intent.jobs was nearly
+                    // empty would join the claimed rows back to the table by reading all of it
+                    // (every owner's rows) for as long as the plan is kept.
+                    &[(c"enable_bitmapscan", c"off"), (c"enable_seqscan", c"off")],
                 )
             }
         };

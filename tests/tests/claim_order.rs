@@ -282,3 +282,56 @@ async fn a_bound_claim_scans_its_owners_part_of_the_index_only() {
         );
     }
 }
+
+/// The bound claim's kept plan, made while `intent.jobs` is nearly empty, then used after other
+/// owners' jobs fill it (no ANALYZE in between): it still reads none of their rows — no
+/// sequential scan of the table to join the claimed rows back (found by the review of #24).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bound_claims_kept_plan_reads_no_other_owners_rows_as_the_table_grows() {
+    let db = Cluster::shared().fresh_db("claim_order_kept_plan").await;
+    let admin = db.connect().await;
+    admin
+        .batch_execute(
+            "ALTER TABLE intent.jobs SET (autovacuum_enabled = off);
+             INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params)
+             SELECT intent.job_id('a', 'k-' || g), 'a', 'k-' || g, 'gpu-q', '{}'
+               FROM generate_series(1, 10) g;",
+        )
+        .await
+        .unwrap();
+    let (bound, notices) =
+        pg_intent_tests::roles::connect_role_with(&db, "postgres", Some("-c intent.owner_id=a"))
+            .await
+            .unwrap();
+    bound
+        .batch_execute(
+            "LOAD 'auto_explain';
+             SET auto_explain.log_min_duration = 0;
+             SET auto_explain.log_nested_statements = on;
+             SET auto_explain.log_level = notice;",
+        )
+        .await
+        .unwrap();
+    assert_eq!(claim(&bound, 1).await.len(), 1, "the plan is made and kept");
+    admin
+        .batch_execute(
+            "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params)
+             SELECT intent.job_id('b', 'k-' || g), 'b', 'k-' || g, 'gpu-q', '{}'
+               FROM generate_series(1, 50000) g;",
+        )
+        .await
+        .unwrap();
+    for call in 0..3 {
+        notices.clear();
+        assert_eq!(claim(&bound, 1).await.len(), 1, "call {call}");
+        let plans = notices.all().join("\n");
+        assert!(
+            plans.contains("Index Scan using jobs_claimable_by_owner on jobs"),
+            "call {call}: {plans}"
+        );
+        assert!(
+            !plans.contains("Seq Scan on jobs") && !plans.contains("Rows Removed by Filter: 50000"),
+            "call {call}: the kept plan reads every owner's rows: {plans}"
+        );
+    }
+}
