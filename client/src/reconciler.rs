@@ -25,31 +25,49 @@
 //! A pass takes at most [`Reconciler::batch`] (`n`) `unknown` attempts, **in turns between the
 //! owners** that have some: first one attempt of every such owner, then a second of every owner
 //! that has two, and so on until `n` are taken. Each owner's attempts are taken in order
-//! (`started_at`, `id`) **starting after the last one of that owner this reconciler's previous
-//! pass took**, wrapping round; when a turn has more owners than room, the owners are taken in
-//! name order starting after the one the previous pass ended with. What it could not decide
-//! (nobody can tell yet, still running, the lookup failed, busy) is therefore not taken again
-//! before the owner's other attempts have had their turn, and never displaces another owner's.
+//! (`started_at`, `id`) **starting after the last one of that owner this reconciler took**,
+//! wrapping round. When a turn has more owners than room, the owners are taken **least
+//! recently served first**: the reconciler remembers, for each owner that has `unknown`
+//! attempts, when a pass last took one of its attempts; an owner it has not served yet ranks by
+//! when it first saw it waiting, after every owner it knew before (owners first seen in the
+//! same pass: by name). A served owner goes to the back. So an owner that appears later —
+//! however many, whatever their names — queues behind every owner already waiting. What it
+//! could not decide (nobody can tell yet, still running, the lookup failed, busy, blocked) is
+//! therefore not taken again before the owner's other attempts have had their turn, and never
+//! displaces another owner's.
 //!
-//! **The bound.** Let `O` be the number of owners with `unknown` attempts and `u` the number of
-//! one owner's own `unknown` attempts. Each of that owner's attempts is looked at (asked
-//! about, or found busy because another reconciler is asking, or found decided) within
-//! `⌈O / n⌉ · ⌈u / max(1, ⌊n / O⌋)⌉` passes of any one reconciler — whatever the other owners
-//! hold: their numbers of attempts do not appear in it. With `O ≤ n` every owner is served in
-//! every pass; an owner with one unknown attempt has it looked at in the **next pass**. (`O`
-//! and `u` are the largest they are meanwhile; an attempt that becomes `unknown` with a
+//! **The bound.** Let `O` be the largest number of owners with `unknown` attempts at any pass
+//! of this reconciler meanwhile, and `u` the largest number of one owner's own `unknown`
+//! attempts. Each of that owner's attempts is looked at (asked about, or found busy because
+//! another reconciler is asking, or found decided, or blocked) within
+//! `⌈O / n⌉ · ⌈u / max(1, ⌊n / O⌋)⌉` passes of any one reconciler, counted from the first pass
+//! that begins after it became `unknown` — whatever the other owners hold (their numbers of
+//! attempts do not appear in it), and however owners come and go meanwhile. Why: an owner not
+//! served in a pass `P` was passed over for `n` owners ahead of it, each of which then goes
+//! behind it; owners that start waiting after `P` rank behind it too; so at most
+//! `O_P − n − 1` owners stay ahead of it, and each later pass serves `n` of them (or it):
+//! it is served within `⌈O / n⌉` passes from its first, and again within `⌈O / n⌉` after each
+//! service. Each service takes at least `max(1, ⌊n / O⌋)` of its attempts, in its cursor's
+//! order. With `O ≤ n` every owner is served in every pass; an owner with one unknown attempt
+//! has it looked at in the **next pass**. (An attempt that becomes `unknown` with a
 //! `started_at` before its owner's cursor waits for the owner's wrap, which `u` counts.) An
 //! attempt whose lock someone other than a reconciler holds is decided without it at its first
-//! turn at least [`Reconciler::busy_grace`] after its first (*Each decision once, and the
-//! lock*, below). A pass lasts at most about `n` × ([`Reconciler::lookup_timeout`] + the
-//! calls), so an owner whose provider never answers makes passes slower, but does not push
-//! another owner's turn to a later pass.
+//! turn at least [`Reconciler::busy_grace`] after its first, once a bounded wait for the lock
+//! runs out (*Each decision once, and the lock*, below). A pass lasts at most about `n` ×
+//! ([`Reconciler::lookup_timeout`] + the calls, each statement bounded by the statement
+//! timeout), plus the bounded lock wait of an attempt found locked again; so an owner whose
+//! provider never answers, or whose job rows are held in open transactions, makes passes
+//! slower, but does not push another owner's turn to a later pass.
 //!
-//! The cursors live in the [`Reconciler`] (shared by its clones; a new process starts from the
-//! oldest again), one per owner that has `unknown` attempts; the database keeps none, so any
-//! number of reconcilers rotate independently, each keeping the bound in its own passes. The
-//! work list numbers every `unknown` attempt within its owner (one window over them, as the
-//! old "oldest first" list sorted them all) and reads only the chosen rows whole.
+//! The memory lives in the [`Reconciler`] (shared by its clones; a new process starts from the
+//! oldest again, the bound holding from its first pass): one entry (a cursor and a rank) per
+//! owner that had `unknown` attempts at its last pass — an owner that has none left is
+//! forgotten — so what it keeps, and sends with each work list, is bounded by the owners
+//! waiting, not by history. The database keeps none of it, so any number of reconcilers rotate
+//! independently, each keeping the bound in its own passes. The work list numbers every
+//! `unknown` attempt within its owner (one window over them, as the old "oldest first" list
+//! sorted them all) and reads only the chosen rows whole; a second query lists the owners
+//! waiting.
 //!
 //! # Each decision once, and the lock
 //!
@@ -370,73 +388,114 @@ pub const DEFAULT_LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The work list of a pass (see *Fairness*): every `unknown` attempt numbered within its owner
 /// (its *turn*), starting after the owner's cursor (`$2`–`$4`: the last attempt of that owner
-/// the previous pass took) and wrapping round; taken turn by turn, each turn's owners in name
-/// order starting after `$5` (the owner the previous pass ended with), at most `$1`. Only the
-/// chosen rows are read whole.
+/// this reconciler took, `NULL` for none) and wrapping round; taken turn by turn, each turn's
+/// owners by their rank (`$5`: least recently served first; an owner this reconciler does not
+/// know yet comes after all it knows, by name), at most `$1`. Only the chosen rows are read
+/// whole.
 const WORK_LIST: &str = "\
-WITH cursors AS (
+WITH known AS (
     SELECT * FROM ROWS FROM (pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::timestamptz[]),
-                             pg_catalog.unnest($4::uuid[])) AS c(owner_id, started_at, id)
+                             pg_catalog.unnest($4::uuid[]), pg_catalog.unnest($5::int8[]))
+                      AS c(owner_id, started_at, id, rank)
 ), turns AS (
-    SELECT a.id, a.owner_id::text AS owner_id,
+    SELECT a.id, a.owner_id::text AS owner_id, c.rank,
            pg_catalog.row_number() OVER (PARTITION BY a.owner_id ORDER BY
                coalesce((a.started_at, a.id) <= (c.started_at, c.id), false), a.started_at, a.id) AS turn
-      FROM intent.attempts a LEFT JOIN cursors c ON c.owner_id = a.owner_id::text
+      FROM intent.attempts a LEFT JOIN known c ON c.owner_id = a.owner_id::text
      WHERE a.state = 'unknown'
 ), chosen AS (
-    SELECT id, owner_id, turn, coalesce(owner_id <= $5::text, false) AS wrapped
-      FROM turns ORDER BY turn, wrapped, owner_id LIMIT $1
+    SELECT id, owner_id, turn, rank FROM turns ORDER BY turn, rank NULLS LAST, owner_id LIMIT $1
 )
 SELECT a.id, a.job_id, a.attempt_no, a.provider, a.state::text, a.version_read, a.worker, a.lease,
        a.started_at, a.deadline, a.finished_at, a.result, a.error, w.owner_id
   FROM chosen w JOIN intent.attempts a ON a.id = w.id
- ORDER BY w.turn, w.wrapped, w.owner_id";
+ ORDER BY w.turn, w.rank NULLS LAST, w.owner_id";
+
+/// The owners that have `unknown` attempts now: who joins the rotation, and whose entry the
+/// reconciler can forget.
+const OWNERS_WAITING: &str =
+    "SELECT DISTINCT owner_id::text FROM intent.attempts WHERE state = 'unknown'";
 
 /// How long a reconciler remembers an attempt it found locked and has not seen since.
 const FORGET_LOCKED_AFTER: Duration = Duration::from_secs(3600);
+
+/// What a reconciler remembers of one owner that has `unknown` attempts.
+#[derive(Debug, Clone, Copy)]
+struct Turn {
+    /// The last of its attempts a pass took: `(started_at, id)`; `None` before the first.
+    cursor: Option<(SystemTime, Uuid)>,
+    /// Its place in the rotation: when it was last served (a pass took one of its attempts),
+    /// or, never served, when it was first seen waiting. Smaller goes first.
+    rank: i64,
+}
 
 /// A reconciler's memory between passes (the module documentation: *Fairness*, and *Each
 /// decision once, and the lock*).
 #[derive(Debug, Default)]
 struct Fairness {
-    /// Per owner, the last of its attempts a pass took: `(started_at, id)`.
-    cursors: HashMap<String, (SystemTime, Uuid)>,
-    /// The owner the last pass ended with.
-    last_owner: Option<String>,
+    /// One entry per owner that had `unknown` attempts at the last pass, no more.
+    owners: HashMap<String, Turn>,
+    /// The next rank to hand out: larger than every rank handed out before.
+    next_rank: i64,
     /// Attempts found locked by someone else: since when, and when last.
     locked: HashMap<Uuid, (Instant, Instant)>,
 }
 
-type Cursors = (Vec<String>, Vec<SystemTime>, Vec<Uuid>, Option<String>);
+type Cursors = (
+    Vec<String>,
+    Vec<Option<SystemTime>>,
+    Vec<Option<Uuid>>,
+    Vec<i64>,
+);
 
 impl Fairness {
     fn cursors(&self) -> Cursors {
-        let mut owners = Vec::with_capacity(self.cursors.len());
-        let mut starts = Vec::with_capacity(self.cursors.len());
-        let mut ids = Vec::with_capacity(self.cursors.len());
-        for (owner, (started, id)) in &self.cursors {
+        let n = self.owners.len();
+        let (mut owners, mut starts, mut ids, mut ranks) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        for (owner, turn) in &self.owners {
             owners.push(owner.clone());
-            starts.push(*started);
-            ids.push(*id);
+            starts.push(turn.cursor.map(|c| c.0));
+            ids.push(turn.cursor.map(|c| c.1));
+            ranks.push(turn.rank);
         }
-        (owners, starts, ids, self.last_owner.clone())
+        (owners, starts, ids, ranks)
     }
 
-    /// After a work list: each owner's cursor on the last of its attempts taken, the owner
-    /// cursor on the list's last. `complete`: the list had every `unknown` attempt, so an owner
-    /// not in it has none left and its cursor goes.
-    fn advance(&mut self, owners: &[String], work: &[AttemptRecord], complete: bool) {
-        if complete {
-            let listed: HashSet<&String> = owners.iter().collect();
-            self.cursors.retain(|owner, _| listed.contains(owner));
+    /// After a work list (`owners[i]` the owner of `work[i]`) and the owners `waiting` now:
+    /// forgets the owners that have no `unknown` attempt left; an owner first seen waiting and
+    /// not served ranks after every owner known before (and before those served in this
+    /// pass); each owner served moves its cursor on to the last of its attempts taken and goes
+    /// to the back, in the order served.
+    fn advance(&mut self, owners: &[String], work: &[AttemptRecord], waiting: &[String]) {
+        let seen = self.next_rank;
+        let mut keep: HashSet<&str> = waiting.iter().map(String::as_str).collect();
+        keep.extend(owners.iter().map(String::as_str));
+        self.owners.retain(|owner, _| keep.contains(owner.as_str()));
+        for owner in waiting {
+            self.owners.entry(owner.clone()).or_insert(Turn {
+                cursor: None,
+                rank: seen,
+            });
         }
+        let mut rank = seen;
+        let mut served = HashSet::new();
         for (owner, attempt) in owners.iter().zip(work) {
-            self.cursors
-                .insert(owner.clone(), (attempt.started_at, attempt.id));
+            let turn = self.owners.entry(owner.clone()).or_insert(Turn {
+                cursor: None,
+                rank: seen,
+            });
+            turn.cursor = Some((attempt.started_at, attempt.id));
+            if served.insert(owner.as_str()) {
+                rank += 1;
+                turn.rank = rank;
+            }
         }
-        if let Some(last) = owners.last() {
-            self.last_owner = Some(last.clone());
-        }
+        self.next_rank = rank + 1;
         self.locked
             .retain(|_, (_, seen)| seen.elapsed() < FORGET_LOCKED_AFTER);
     }
@@ -606,15 +665,24 @@ impl Reconciler {
     /// at once, so that a clone running meanwhile takes the next ones.
     async fn work_list(&self, db: &(impl Executor + ?Sized)) -> Result<Vec<AttemptRecord>, Error> {
         let cx = Context::default();
-        let (owners, starts, ids, after) = self.fairness().cursors();
+        let (owners, starts, ids, ranks) = self.fairness().cursors();
         let rows = db
             .client()
             .query(
                 WORK_LIST,
-                &[&i64::from(self.batch), &owners, &starts, &ids, &after],
+                &[&i64::from(self.batch), &owners, &starts, &ids, &ranks],
             )
             .await
             .map_err(|e| Error::from_pg(e, cx))?;
+        let waiting = db
+            .client()
+            .query(OWNERS_WAITING, &[])
+            .await
+            .map_err(|e| Error::from_pg(e, cx))?
+            .iter()
+            .map(|row| row.try_get::<_, String>(0))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|source| Error::Decode { source })?;
         let mut work = Vec::with_capacity(rows.len());
         let mut owners = Vec::with_capacity(rows.len());
         for row in &rows {
@@ -624,8 +692,7 @@ impl Reconciler {
                     .map_err(|source| Error::Decode { source })?,
             );
         }
-        let complete = work.len() < self.batch as usize;
-        self.fairness().advance(&owners, &work, complete);
+        self.fairness().advance(&owners, &work, &waiting);
         Ok(work)
     }
 
