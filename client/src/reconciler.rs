@@ -1167,6 +1167,58 @@ mod tests {
         assert!(parsed["evidence"].as_str().unwrap().ends_with('…'));
     }
 
+    fn unknown(id: u128) -> AttemptRecord {
+        AttemptRecord {
+            id: Uuid::from_u128(id),
+            job_id: Uuid::from_u128(id),
+            attempt_no: 1,
+            provider: "p".into(),
+            state: AttemptState::Unknown,
+            version_read: 1,
+            worker: None,
+            lease: Duration::from_secs(60),
+            started_at: SystemTime::UNIX_EPOCH + Duration::from_secs(id as u64),
+            deadline: SystemTime::UNIX_EPOCH + Duration::from_secs(id as u64 + 60),
+            finished_at: None,
+            result: None,
+            error: None,
+        }
+    }
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// Review B, M2 and L1: served owners go to the back in the order served, an owner first
+    /// seen waiting ranks after every owner known before it (and before those served in the
+    /// same pass), later newcomers rank after it, and owners with nothing left are forgotten.
+    #[test]
+    fn owners_rotate_least_recently_served_first_and_are_forgotten_when_done() {
+        let mut f = Fairness::default();
+        // Pass 1: a and b served; z waiting, not served.
+        f.advance(
+            &names(&["a", "b", "a"]),
+            &[unknown(1), unknown(2), unknown(3)],
+            &names(&["a", "b", "z"]),
+        );
+        let rank = |f: &Fairness, o: &str| f.owners[o].rank;
+        assert!(rank(&f, "z") < rank(&f, "a") && rank(&f, "a") < rank(&f, "b"));
+        assert_eq!(f.owners["a"].cursor.unwrap().1, Uuid::from_u128(3));
+        assert_eq!(f.owners["z"].cursor, None);
+        // Pass 2: a and b have nothing left; newcomer y (sorting before z) waits too.
+        f.advance(&[], &[], &names(&["y", "z"]));
+        assert_eq!(f.owners.len(), 2, "{:?}", f.owners);
+        assert!(
+            rank(&f, "z") < rank(&f, "y"),
+            "a newcomer does not overtake z"
+        );
+        // Pass 3: z served; then only y waits, and what is kept is y's entry alone.
+        f.advance(&names(&["z"]), &[unknown(9)], &names(&["y"]));
+        assert!(rank(&f, "y") < rank(&f, "z"));
+        f.advance(&[], &[], &names(&["y"]));
+        assert_eq!(f.cursors().0, names(&["y"]));
+    }
+
     #[test]
     fn only_calls_are_decisions() {
         assert!(Decision::Completed(Completion::Won).is_decision());
