@@ -98,9 +98,24 @@ impl ProviderKeys {
 
     /// From [`SECRET_ENV`]: keyed with its value when it is set, the attempt id when it is not.
     /// An `Err` when it is set but shorter than 16 bytes.
+    ///
+    /// Unset is not an error, and the two cannot be told apart by their keys' use alone: a
+    /// reconciler started without the secret while the workers have it asks under raw attempt
+    /// ids, hears "never received" for every keyed request, and fails those attempts as
+    /// retryable — the work done twice. So the choice is logged (`log` target
+    /// `pg_intent_client`, a warning when unset); check [`ProviderKeys::is_keyed`] at start-up
+    /// wherever the workers are keyed, and set the secret on every worker and reconciler at
+    /// once (with [`ProviderKeys::raw_before`] on the reconcilers for the attempts sent before).
     pub fn from_env() -> Result<Self, String> {
         match std::env::var_os(SECRET_ENV) {
-            None => Ok(ProviderKeys::attempt_id()),
+            None => {
+                log::warn!(
+                    target: "pg_intent_client",
+                    "{SECRET_ENV} is not set: provider keys are the raw attempt ids (a reconciler \
+                     must use the same keys as the workers)"
+                );
+                Ok(ProviderKeys::attempt_id())
+            }
             Some(v) => {
                 let v = v.into_encoded_bytes();
                 if v.len() < 16 {
@@ -109,6 +124,10 @@ impl ProviderKeys {
                         v.len()
                     ));
                 }
+                log::info!(
+                    target: "pg_intent_client",
+                    "{SECRET_ENV} is set: provider keys are keyed (pgik1-)"
+                );
                 Ok(ProviderKeys::keyed(v))
             }
         }

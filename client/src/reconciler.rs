@@ -25,58 +25,100 @@
 //! A pass takes at most [`Reconciler::batch`] (`n`) `unknown` attempts, **in turns between the
 //! owners** that have some: first one attempt of every such owner, then a second of every owner
 //! that has two, and so on until `n` are taken. Each owner's attempts are taken in order
-//! (`started_at`, `id`) **starting after the last one of that owner this reconciler's previous
-//! pass took**, wrapping round; when a turn has more owners than room, the owners are taken in
-//! name order starting after the one the previous pass ended with. What it could not decide
-//! (nobody can tell yet, still running, the lookup failed, busy) is therefore not taken again
-//! before the owner's other attempts have had their turn, and never displaces another owner's.
+//! (`started_at`, `id`) **starting after the last one of that owner this reconciler took**,
+//! wrapping round. When a turn has more owners than room, the owners are taken **least
+//! recently served first**: the reconciler remembers, for each owner that has `unknown`
+//! attempts, when a pass last took one of its attempts; an owner it has not served yet ranks by
+//! when it first saw it waiting, after every owner it knew before (owners first seen in the
+//! same pass: by name). A served owner goes to the back. So an owner that appears later —
+//! however many, whatever their names — queues behind every owner already waiting. What it
+//! could not decide (nobody can tell yet, still running, the lookup failed, busy, blocked) is
+//! therefore not taken again before the owner's other attempts have had their turn, and never
+//! displaces another owner's.
 //!
-//! **The bound.** Let `O` be the number of owners with `unknown` attempts and `u` the number of
-//! one owner's own `unknown` attempts. Each of that owner's attempts is looked at (asked
-//! about, or found busy because another reconciler is asking, or found decided) within
-//! `⌈O / n⌉ · ⌈u / max(1, ⌊n / O⌋)⌉` passes of any one reconciler — whatever the other owners
-//! hold: their numbers of attempts do not appear in it. With `O ≤ n` every owner is served in
-//! every pass; an owner with one unknown attempt has it looked at in the **next pass**. (`O`
-//! and `u` are the largest they are meanwhile; an attempt that becomes `unknown` with a
+//! **The bound.** Let `O` be the largest number of owners with `unknown` attempts at any pass
+//! of this reconciler meanwhile, and `u` the largest number of one owner's own `unknown`
+//! attempts. Each of that owner's attempts is looked at (asked about, or found busy because
+//! another reconciler is asking, or found decided, or blocked) within
+//! `⌈O / n⌉ · ⌈u / max(1, ⌊n / O⌋)⌉` passes of any one reconciler, counted from the first pass
+//! that begins after it became `unknown` — whatever the other owners hold (their numbers of
+//! attempts do not appear in it), and however owners come and go meanwhile. Why: an owner not
+//! served in a pass `P` was passed over for `n` owners ahead of it, each of which then goes
+//! behind it; owners that start waiting after `P` rank behind it too; so at most
+//! `O_P − n − 1` owners stay ahead of it, and each later pass serves `n` of them (or it):
+//! it is served within `⌈O / n⌉` passes from its first, and again within `⌈O / n⌉` after each
+//! service. Each service takes at least `max(1, ⌊n / O⌋)` of its attempts, in its cursor's
+//! order. With `O ≤ n` every owner is served in every pass; an owner with one unknown attempt
+//! has it looked at in the **next pass**. (An attempt that becomes `unknown` with a
 //! `started_at` before its owner's cursor waits for the owner's wrap, which `u` counts.) An
 //! attempt whose lock someone other than a reconciler holds is decided without it at its first
-//! turn at least [`Reconciler::busy_grace`] after its first (*Each decision once, and the
-//! lock*, below). A pass lasts at most about `n` × ([`Reconciler::lookup_timeout`] + the
-//! calls), so an owner whose provider never answers makes passes slower, but does not push
-//! another owner's turn to a later pass.
+//! turn at least [`Reconciler::busy_grace`] after its first, once a bounded wait for the lock
+//! runs out (*Each decision once, and the lock*, below). A pass lasts at most about `n` ×
+//! ([`Reconciler::lookup_timeout`] + the calls, each statement bounded by the statement
+//! timeout), plus the bounded lock wait of an attempt found locked again; so an owner whose
+//! provider never answers, or whose job rows are held in open transactions, makes passes
+//! slower, but does not push another owner's turn to a later pass.
 //!
-//! The cursors live in the [`Reconciler`] (shared by its clones; a new process starts from the
-//! oldest again), one per owner that has `unknown` attempts; the database keeps none, so any
-//! number of reconcilers rotate independently, each keeping the bound in its own passes. The
-//! work list numbers every `unknown` attempt within its owner (one window over them, as the
-//! old "oldest first" list sorted them all) and reads only the chosen rows whole.
+//! The memory lives in the [`Reconciler`] (shared by its clones; a new process starts from the
+//! oldest again, the bound holding from its first pass): one entry (a cursor and a rank) per
+//! owner that had `unknown` attempts at its last pass — an owner that has none left is
+//! forgotten — so what it keeps, and sends with each work list, is bounded by the owners
+//! waiting, not by history. The database keeps none of it, so any number of reconcilers rotate
+//! independently, each keeping the bound in its own passes. The work list numbers every
+//! `unknown` attempt within its owner (one window over them, as the old "oldest first" list
+//! sorted them all) and reads only the chosen rows whole; a second query lists the owners
+//! waiting.
 //!
 //! # Each decision once, and the lock
 //!
 //! Any number of reconcilers may run at once, in any number of processes: each attempt is
-//! decided once. For every attempt the reconciler opens a `READ COMMITTED` transaction, takes a
-//! transaction-level advisory lock on the attempt id without waiting
+//! decided once. For every attempt the reconciler opens a `READ COMMITTED` transaction, bounds
+//! its waits (`SET LOCAL lock_timeout` to [`Reconciler::lock_timeout`], default the lookup
+//! timeout, and `SET LOCAL statement_timeout` to twice that), takes a transaction-level
+//! advisory lock on the attempt id without waiting
 //! (`pg_try_advisory_xact_lock(`[`LOCK_CLASS`]`, hashtext(id))`; another reconciler holding it
 //! means [`Decision::Busy`]), reads the attempt's state **in a later statement** (so that it
 //! sees whatever the previous holder committed; an attempt that is no longer `unknown` is
-//! [`Decision::AlreadyDecided`]), asks the provider, makes the call and commits, which releases
-//! the lock. An advisory lock rather than `SELECT … FOR UPDATE`: an operator has `SELECT` on
-//! `intent.attempts`, and `FOR UPDATE` needs `UPDATE`.
+//! [`Decision::AlreadyDecided`]), asks the provider, makes the call, records the `reconciled`
+//! event and commits, which releases the lock. An advisory lock rather than
+//! `SELECT … FOR UPDATE`: an operator has `SELECT` on `intent.attempts`, and `FOR UPDATE`
+//! needs `UPDATE`.
+//!
+//! **Nobody can hold a pass.** The call takes the job's row lock, which anyone allowed to
+//! report on the job holds while its own transaction is open: a bound tenant's
+//! `BEGIN; SELECT intent.complete_attempt(…)` left open would have kept the call, and the whole
+//! pass, waiting for ever. A decision statement that waits longer than the lock timeout, or
+//! runs longer than the statement timeout (Citus applies no `lock_timeout` to locks on its
+//! workers: docs/scale-out.md), rolls the decision's transaction back and answers
+//! [`Decision::Blocked`]: the attempt is left for a later pass, and the pass goes on with the
+//! next attempt. Give tenant roles an `idle_in_transaction_session_timeout` so that such a
+//! transaction ends (docs/runbook.md § 2.7).
 //!
 //! **Nobody else can keep an attempt busy.** Advisory locks need no privilege, and the key is
 //! computable by anyone who knows the attempt id (derived from the owner and the job's key), or
 //! reads it in `pg_locks` while a reconciler holds it: any role can hold it for its whole
-//! session. A reconciler holds it for one lookup and one call, so an attempt this reconciler has
-//! found locked for longer than [`Reconciler::busy_grace`] (default twice the lookup timeout)
-//! is decided **without the lock**: the lookup and the call as above, and the `reconciled`
-//! event carries `"without_lock": {"held_by_another_for_s", "nonce"}`. Two reconcilers may then
-//! decide it at the same moment; both calls take the job's row lock, so the second runs after
-//! the first committed, and its `record_reconciliation` returns the first's event (one per
-//! attempt, index `events_one_reconciliation`) instead of its own: seeing another nonce, it
-//! rolls back its whole transaction — its call and whatever that call wrote (a late result, a
-//! late failure) — and answers [`Decision::AlreadyDecided`]. So the decision is still made once,
-//! and the lock only saves asking the provider twice. This needs pg_intent 0.4.0 on (the
-//! `reconciled` event): on a 0.3.0 catalog a locked attempt stays [`Decision::Busy`].
+//! session. A reconciler holds it for one lookup and one call. An attempt this reconciler finds
+//! locked again at least [`Reconciler::busy_grace`] (default twice the lookup timeout) after
+//! it first found it locked is waited for, in a savepoint, at most the lookup timeout plus the
+//! statement timeout — longer than a reconciler with the same settings holds it. Granted in
+//! that time (its holder was a reconciler, which committed), the attempt is decided with the
+//! lock as above (usually: found decided). Only a holder that keeps it all that time leads to
+//! a decision **without the lock**: the lookup and the call as above, and the `reconciled` event
+//! carries `"without_lock": {"held_by_another_for_s", "first_found_locked_s_ago"}` (the first:
+//! how long the holder kept it while this reconciler waited, without a break).
+//!
+//! **Each decision once, with or without the lock.** Every decision's `reconciled` event
+//! carries a `"nonce"` of its own. Two decisions may still meet — two reconcilers deciding
+//! without the lock, or one deciding without it while a reconciler with other settings (a
+//! shorter wait) holds it: both calls take the job's row lock, so the second runs after the
+//! first committed, and its `record_reconciliation` returns the first's event (one per attempt,
+//! index `events_one_reconciliation`) instead of its own. Seeing another nonce, **whichever
+//! path it took**, it rolls back its whole transaction — its call and whatever that call wrote
+//! (a late result, a late failure) — and answers [`Decision::AlreadyDecided`] with the state the
+//! first decision left. So the decision is made once; the lock only saves asking the provider
+//! twice. This needs pg_intent 0.4.0 on (the `reconciled` event): on a 0.3.0 catalog a locked
+//! attempt stays [`Decision::Busy`], and only the lock (with the state read after it) keeps
+//! decisions apart.
 //!
 //! # What is recorded
 //!
@@ -84,7 +126,7 @@
 //! as a **`reconciled` event** (`intent.record_reconciliation`, pg_intent 0.4.0 on), in the
 //! decision's own transaction: `{"decision": "completed" | "failed" | "abandoned",
 //! "attempt_state", "recorded_by", "evidence": {"kind": "reconciled", "decision",
-//! "provider_says", "reconciled_by", "evidence", …}}` (`"completion"` for a completion,
+//! "provider_says", "reconciled_by", "evidence", "nonce", …}}` (`"completion"` for a completion,
 //! `"provider_error"` for a refusal the provider reported, `"age_s"` and `"abandon_after_s"` for
 //! an abandon). Besides it, where each call records it:
 //!
@@ -105,8 +147,8 @@
 //!
 //! # Privileges
 //!
-//! `SELECT` on `intent.attempts` (the work list) and `intent.events` (a decision made without
-//! the lock checks its record), `EXECUTE` on `sweep`, `abandon_attempt` and
+//! `SELECT` on `intent.attempts` (the work list) and `intent.events` (every decision checks
+//! that its record is the one that stands), `EXECUTE` on `sweep`, `abandon_attempt` and
 //! `record_reconciliation`: an operator's role (`intent_operator`), on a session bound to no
 //! owner.
 
@@ -247,17 +289,25 @@ pub enum Decision {
         age: Duration,
     },
     /// Its lock is held by someone else — another reconciler deciding it at this moment: left
-    /// to it. (Held for longer than [`Reconciler::busy_grace`], the attempt is decided without
-    /// the lock instead.)
+    /// to it. (Found locked again [`Reconciler::busy_grace`] later, the reconciler waits for the
+    /// lock, and decides without it only when one holder keeps it longer than a reconciler
+    /// would.)
     Busy,
     /// It was no longer `unknown` when its lock was taken (decided by another reconciler, a
-    /// person or the worker's late report): nothing to do.
+    /// person or the worker's late report), or another decision's `reconciled` event stood
+    /// when this one recorded its own (this one then rolled back): nothing to do.
     AlreadyDecided(AttemptState),
     /// It no longer exists (purged with its job): nothing to do.
     Gone,
     /// The lookup failed or took longer than [`Reconciler::lookup_timeout`]: left; the next
     /// pass asks again.
     LookupFailed(String),
+    /// A statement of the decision waited longer than [`Reconciler::lock_timeout`] for a lock
+    /// someone else holds (the job's row, held by another session's open transaction: a late
+    /// report that never commits), or ran longer than its statement timeout (SQLSTATE `55P03`
+    /// or `57014`, the server's message here): the decision's transaction rolled back, nothing
+    /// of it stays, and the attempt is left for a later pass; the pass goes on with the next.
+    Blocked(String),
 }
 
 impl Decision {
@@ -283,6 +333,7 @@ impl fmt::Display for Decision {
             Decision::AlreadyDecided(s) => write!(f, "already decided ({s})"),
             Decision::Gone => f.write_str("gone (purged)"),
             Decision::LookupFailed(e) => write!(f, "left: the lookup failed: {e}"),
+            Decision::Blocked(e) => write!(f, "left: the decision waited too long: {e}"),
         }
     }
 }
@@ -370,73 +421,114 @@ pub const DEFAULT_LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The work list of a pass (see *Fairness*): every `unknown` attempt numbered within its owner
 /// (its *turn*), starting after the owner's cursor (`$2`–`$4`: the last attempt of that owner
-/// the previous pass took) and wrapping round; taken turn by turn, each turn's owners in name
-/// order starting after `$5` (the owner the previous pass ended with), at most `$1`. Only the
-/// chosen rows are read whole.
+/// this reconciler took, `NULL` for none) and wrapping round; taken turn by turn, each turn's
+/// owners by their rank (`$5`: least recently served first; an owner this reconciler does not
+/// know yet comes after all it knows, by name), at most `$1`. Only the chosen rows are read
+/// whole.
 const WORK_LIST: &str = "\
-WITH cursors AS (
+WITH known AS (
     SELECT * FROM ROWS FROM (pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::timestamptz[]),
-                             pg_catalog.unnest($4::uuid[])) AS c(owner_id, started_at, id)
+                             pg_catalog.unnest($4::uuid[]), pg_catalog.unnest($5::int8[]))
+                      AS c(owner_id, started_at, id, rank)
 ), turns AS (
-    SELECT a.id, a.owner_id::text AS owner_id,
+    SELECT a.id, a.owner_id::text AS owner_id, c.rank,
            pg_catalog.row_number() OVER (PARTITION BY a.owner_id ORDER BY
                coalesce((a.started_at, a.id) <= (c.started_at, c.id), false), a.started_at, a.id) AS turn
-      FROM intent.attempts a LEFT JOIN cursors c ON c.owner_id = a.owner_id::text
+      FROM intent.attempts a LEFT JOIN known c ON c.owner_id = a.owner_id::text
      WHERE a.state = 'unknown'
 ), chosen AS (
-    SELECT id, owner_id, turn, coalesce(owner_id <= $5::text, false) AS wrapped
-      FROM turns ORDER BY turn, wrapped, owner_id LIMIT $1
+    SELECT id, owner_id, turn, rank FROM turns ORDER BY turn, rank NULLS LAST, owner_id LIMIT $1
 )
 SELECT a.id, a.job_id, a.attempt_no, a.provider, a.state::text, a.version_read, a.worker, a.lease,
        a.started_at, a.deadline, a.finished_at, a.result, a.error, w.owner_id
   FROM chosen w JOIN intent.attempts a ON a.id = w.id
- ORDER BY w.turn, w.wrapped, w.owner_id";
+ ORDER BY w.turn, w.rank NULLS LAST, w.owner_id";
+
+/// The owners that have `unknown` attempts now: who joins the rotation, and whose entry the
+/// reconciler can forget.
+const OWNERS_WAITING: &str =
+    "SELECT DISTINCT owner_id::text FROM intent.attempts WHERE state = 'unknown'";
 
 /// How long a reconciler remembers an attempt it found locked and has not seen since.
 const FORGET_LOCKED_AFTER: Duration = Duration::from_secs(3600);
+
+/// What a reconciler remembers of one owner that has `unknown` attempts.
+#[derive(Debug, Clone, Copy)]
+struct Turn {
+    /// The last of its attempts a pass took: `(started_at, id)`; `None` before the first.
+    cursor: Option<(SystemTime, Uuid)>,
+    /// Its place in the rotation: when it was last served (a pass took one of its attempts),
+    /// or, never served, when it was first seen waiting. Smaller goes first.
+    rank: i64,
+}
 
 /// A reconciler's memory between passes (the module documentation: *Fairness*, and *Each
 /// decision once, and the lock*).
 #[derive(Debug, Default)]
 struct Fairness {
-    /// Per owner, the last of its attempts a pass took: `(started_at, id)`.
-    cursors: HashMap<String, (SystemTime, Uuid)>,
-    /// The owner the last pass ended with.
-    last_owner: Option<String>,
+    /// One entry per owner that had `unknown` attempts at the last pass, no more.
+    owners: HashMap<String, Turn>,
+    /// The next rank to hand out: larger than every rank handed out before.
+    next_rank: i64,
     /// Attempts found locked by someone else: since when, and when last.
     locked: HashMap<Uuid, (Instant, Instant)>,
 }
 
-type Cursors = (Vec<String>, Vec<SystemTime>, Vec<Uuid>, Option<String>);
+type Cursors = (
+    Vec<String>,
+    Vec<Option<SystemTime>>,
+    Vec<Option<Uuid>>,
+    Vec<i64>,
+);
 
 impl Fairness {
     fn cursors(&self) -> Cursors {
-        let mut owners = Vec::with_capacity(self.cursors.len());
-        let mut starts = Vec::with_capacity(self.cursors.len());
-        let mut ids = Vec::with_capacity(self.cursors.len());
-        for (owner, (started, id)) in &self.cursors {
+        let n = self.owners.len();
+        let (mut owners, mut starts, mut ids, mut ranks) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        for (owner, turn) in &self.owners {
             owners.push(owner.clone());
-            starts.push(*started);
-            ids.push(*id);
+            starts.push(turn.cursor.map(|c| c.0));
+            ids.push(turn.cursor.map(|c| c.1));
+            ranks.push(turn.rank);
         }
-        (owners, starts, ids, self.last_owner.clone())
+        (owners, starts, ids, ranks)
     }
 
-    /// After a work list: each owner's cursor on the last of its attempts taken, the owner
-    /// cursor on the list's last. `complete`: the list had every `unknown` attempt, so an owner
-    /// not in it has none left and its cursor goes.
-    fn advance(&mut self, owners: &[String], work: &[AttemptRecord], complete: bool) {
-        if complete {
-            let listed: HashSet<&String> = owners.iter().collect();
-            self.cursors.retain(|owner, _| listed.contains(owner));
+    /// After a work list (`owners[i]` the owner of `work[i]`) and the owners `waiting` now:
+    /// forgets the owners that have no `unknown` attempt left; an owner first seen waiting and
+    /// not served ranks after every owner known before (and before those served in this
+    /// pass); each owner served moves its cursor on to the last of its attempts taken and goes
+    /// to the back, in the order served.
+    fn advance(&mut self, owners: &[String], work: &[AttemptRecord], waiting: &[String]) {
+        let seen = self.next_rank;
+        let mut keep: HashSet<&str> = waiting.iter().map(String::as_str).collect();
+        keep.extend(owners.iter().map(String::as_str));
+        self.owners.retain(|owner, _| keep.contains(owner.as_str()));
+        for owner in waiting {
+            self.owners.entry(owner.clone()).or_insert(Turn {
+                cursor: None,
+                rank: seen,
+            });
         }
+        let mut rank = seen;
+        let mut served = HashSet::new();
         for (owner, attempt) in owners.iter().zip(work) {
-            self.cursors
-                .insert(owner.clone(), (attempt.started_at, attempt.id));
+            let turn = self.owners.entry(owner.clone()).or_insert(Turn {
+                cursor: None,
+                rank: seen,
+            });
+            turn.cursor = Some((attempt.started_at, attempt.id));
+            if served.insert(owner.as_str()) {
+                rank += 1;
+                turn.rank = rank;
+            }
         }
-        if let Some(last) = owners.last() {
-            self.last_owner = Some(last.clone());
-        }
+        self.next_rank = rank + 1;
         self.locked
             .retain(|_, (_, seen)| seen.elapsed() < FORGET_LOCKED_AFTER);
     }
@@ -481,6 +573,7 @@ pub struct Reconciler {
     abandon_after: Option<Duration>,
     batch: u32,
     lookup_timeout: Duration,
+    lock_timeout: Option<Duration>,
     busy_grace: Option<Duration>,
     name: String,
     /// Where the next pass starts, and which attempts were found locked since when: shared by
@@ -494,6 +587,7 @@ impl fmt::Debug for Reconciler {
             .field("abandon_after", &self.abandon_after)
             .field("batch", &self.batch)
             .field("lookup_timeout", &self.lookup_timeout)
+            .field("lock_timeout", &self.lock_wait())
             .field("busy_grace", &self.grace())
             .field("name", &self.name)
             .finish_non_exhaustive()
@@ -509,6 +603,7 @@ impl Reconciler {
             abandon_after: None,
             batch: DEFAULT_BATCH,
             lookup_timeout: DEFAULT_LOOKUP_TIMEOUT,
+            lock_timeout: None,
             busy_grace: None,
             name: "reconciler".into(),
             fair: Arc::default(),
@@ -545,10 +640,38 @@ impl Reconciler {
         self
     }
 
-    /// How long an attempt whose lock someone else holds is left to that holder (default: twice
-    /// [`Reconciler::lookup_timeout`]). A reconciler holds it for one lookup and one call; a
-    /// holder that keeps it longer is not deciding it, so the next pass at least this long
-    /// after the attempt was first found locked decides it without the lock (the
+    /// How long a statement of a decision may wait for a lock someone else holds (default: the
+    /// [`Reconciler::lookup_timeout`]): `SET LOCAL lock_timeout` in every decision's
+    /// transaction, with `SET LOCAL statement_timeout` at twice it (Citus applies no
+    /// `lock_timeout` to locks on its workers: docs/scale-out.md). A decision that waits longer
+    /// (a tenant's open transaction holds its job's row) is [`Decision::Blocked`]: left for a
+    /// later pass, and the pass goes on.
+    pub fn lock_timeout(mut self, timeout: Duration) -> Self {
+        self.lock_timeout = Some(timeout);
+        self
+    }
+
+    fn lock_wait(&self) -> Duration {
+        self.lock_timeout.unwrap_or(self.lookup_timeout)
+    }
+
+    /// A decision statement's `statement_timeout`: twice the lock timeout.
+    fn statement_limit(&self) -> Duration {
+        self.lock_wait().saturating_mul(2)
+    }
+
+    /// How long a reconciler waits for an attempt's lock before deciding without it: longer
+    /// than a reconciler with these settings holds it (one lookup, then statements of at most
+    /// the statement timeout, each waiting at most the lock timeout).
+    fn lock_patience(&self) -> Duration {
+        self.lookup_timeout.saturating_add(self.statement_limit())
+    }
+
+    /// How long an attempt whose lock someone else holds is left to that holder without waiting
+    /// for it (default: twice [`Reconciler::lookup_timeout`]): found locked again at least this
+    /// long after it was first found locked, the reconciler waits for the lock, at most the
+    /// lookup timeout plus twice the lock timeout (longer than a reconciler holds it: one
+    /// lookup and one call), and decides without it only when that wait runs out (the
     /// [module](self) documentation: *Each decision once, and the lock*).
     pub fn busy_grace(mut self, grace: Duration) -> Self {
         self.busy_grace = Some(grace);
@@ -558,6 +681,60 @@ impl Reconciler {
     fn grace(&self) -> Duration {
         self.busy_grace
             .unwrap_or_else(|| self.lookup_timeout.saturating_mul(2))
+    }
+
+    /// `SET LOCAL lock_timeout` and `statement_timeout` for the decision's statements.
+    async fn limit_waits(&self, client: &tokio_postgres::Client) -> Result<(), Error> {
+        set_waits(client, self.lock_wait(), self.statement_limit()).await
+    }
+
+    /// Waits for the attempt's lock at most [`Reconciler::lock_patience`], in a savepoint (a
+    /// lock wait that runs out aborts its statement): `true`, it is held now; `false`, its
+    /// holder kept it all that time.
+    async fn wait_for_lock(
+        &self,
+        client: &tokio_postgres::Client,
+        id: Uuid,
+    ) -> Result<bool, Error> {
+        let cx = Context::attempt(id);
+        let pg = |e| Error::from_pg(e, cx);
+        let patience = self.lock_patience();
+        client
+            .batch_execute("SAVEPOINT pg_intent_lock_wait")
+            .await
+            .map_err(pg)?;
+        set_waits(
+            client,
+            patience,
+            patience.saturating_add(self.statement_limit()),
+        )
+        .await?;
+        match client
+            .execute(
+                "SELECT pg_catalog.pg_advisory_xact_lock($1::int4, pg_catalog.hashtext($2::uuid::text))",
+                &[&LOCK_CLASS, &id],
+            )
+            .await
+        {
+            Ok(_) => {
+                // Released, the savepoint keeps the lock (until the transaction ends) and the
+                // longer waits: the decision's own come back.
+                client
+                    .batch_execute("RELEASE SAVEPOINT pg_intent_lock_wait")
+                    .await
+                    .map_err(pg)?;
+                self.limit_waits(client).await?;
+                Ok(true)
+            }
+            Err(e) if is_wait_too_long(e.code()) => {
+                client
+                    .batch_execute("ROLLBACK TO SAVEPOINT pg_intent_lock_wait")
+                    .await
+                    .map_err(pg)?;
+                Ok(false)
+            }
+            Err(e) => Err(pg(e)),
+        }
     }
 
     /// Who decides, as recorded (`reconciled_by`) and logged (default `reconciler`).
@@ -606,15 +783,24 @@ impl Reconciler {
     /// at once, so that a clone running meanwhile takes the next ones.
     async fn work_list(&self, db: &(impl Executor + ?Sized)) -> Result<Vec<AttemptRecord>, Error> {
         let cx = Context::default();
-        let (owners, starts, ids, after) = self.fairness().cursors();
+        let (owners, starts, ids, ranks) = self.fairness().cursors();
         let rows = db
             .client()
             .query(
                 WORK_LIST,
-                &[&i64::from(self.batch), &owners, &starts, &ids, &after],
+                &[&i64::from(self.batch), &owners, &starts, &ids, &ranks],
             )
             .await
             .map_err(|e| Error::from_pg(e, cx))?;
+        let waiting = db
+            .client()
+            .query(OWNERS_WAITING, &[])
+            .await
+            .map_err(|e| Error::from_pg(e, cx))?
+            .iter()
+            .map(|row| row.try_get::<_, String>(0))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|source| Error::Decode { source })?;
         let mut work = Vec::with_capacity(rows.len());
         let mut owners = Vec::with_capacity(rows.len());
         for row in &rows {
@@ -624,8 +810,7 @@ impl Reconciler {
                     .map_err(|source| Error::Decode { source })?,
             );
         }
-        let complete = work.len() < self.batch as usize;
-        self.fairness().advance(&owners, &work, complete);
+        self.fairness().advance(&owners, &work, &waiting);
         Ok(work)
     }
 
@@ -664,7 +849,21 @@ impl Reconciler {
             .start()
             .await
             .map_err(pg)?;
-        let (decision, evidence, keep) = self.decide(&cache.on(&tx), attempt).await?;
+        // Every wait of the decision bounded: a lock held by someone else's open transaction
+        // (a tenant's late report on the job's row) makes it `Blocked`, not the pass wait.
+        self.limit_waits(tx.client()).await?;
+        let (decision, evidence, keep) = match self.decide(&cache.on(&tx), attempt).await {
+            Ok(decided) => decided,
+            Err(e) if is_wait_too_long(e.pg_error().and_then(tokio_postgres::Error::code)) => {
+                log::warn!(
+                    target: "pg_intent_client",
+                    "{}: attempt {} ({}): left for a later pass, the decision waited too long: {e}",
+                    self.name, attempt.id, attempt.provider
+                );
+                (Decision::Blocked(e.to_string()), Value::Null, false)
+            }
+            Err(e) => return Err(e),
+        };
         if keep {
             tx.commit().await.map_err(pg)?;
         } else {
@@ -697,10 +896,11 @@ impl Reconciler {
             .await
             .map_err(pg)?
             .get(0);
-        // Without the lock: decided all the same once it has been locked by someone else for
-        // longer than a reconciler holds it (any role can take an advisory lock), tagged so
-        // that only the first decision's transaction commits (module documentation: *Each
-        // decision once, and the lock*).
+        // Without the lock: decided all the same once one holder has kept it longer than a
+        // reconciler holds it (any role can take an advisory lock). Found locked again after
+        // `busy_grace`, the reconciler waits for it, longer than a reconciler holds it; only a
+        // holder that keeps it all that time (not a reconciler) leads to deciding without it
+        // (module documentation: *Each decision once, and the lock*).
         let mut unlocked = None;
         if locked {
             self.fairness().settled(attempt.id);
@@ -710,17 +910,28 @@ impl Reconciler {
             if locked_for < grace || !records_reconciliations(tx).await? {
                 return Ok((Decision::Busy, Value::Null, true));
             }
-            log::warn!(
-                target: "pg_intent_client",
-                "{}: attempt {} ({}): its lock has been held by someone else for {locked_for:?} \
-                 (more than {grace:?}): deciding it without the lock",
-                self.name, attempt.id, attempt.provider
-            );
-            unlocked = Some(json!({
-                "held_by_another_for_s": seconds(locked_for),
-                "nonce": Uuid::new_v4().to_string(),
-            }));
+            let waited = Instant::now();
+            if self.wait_for_lock(client, attempt.id).await? {
+                self.fairness().settled(attempt.id);
+            } else {
+                let held = waited.elapsed();
+                let found = self.fairness().locked_for(attempt.id);
+                log::warn!(
+                    target: "pg_intent_client",
+                    "{}: attempt {} ({}): its lock was held by someone else all the {held:?} \
+                     this reconciler waited for it (first found locked {found:?} ago): deciding \
+                     it without the lock",
+                    self.name, attempt.id, attempt.provider
+                );
+                unlocked = Some(json!({
+                    "held_by_another_for_s": seconds(held),
+                    "first_found_locked_s_ago": seconds(found),
+                }));
+            }
         }
+        // Every decision's `reconciled` event carries a nonce: only the transaction whose event
+        // stands commits.
+        let nonce = Uuid::new_v4().to_string();
         // A statement of its own, after the lock: under READ COMMITTED it sees what the lock's
         // previous holder committed. (Read in the lock's statement, the state would come from
         // a snapshot taken before the lock was granted, and could be the undecided one.)
@@ -812,9 +1023,10 @@ impl Reconciler {
         };
         // The decision and its evidence as a `reconciled` event, in the decision's own
         // transaction (pg_intent 0.4.0 on; a 0.3.0 catalog keeps the records above only).
-        if let Some(recorded) = recorded
+        if let Some(mut recorded) = recorded
             && records_reconciliations(tx).await?
         {
+            recorded["nonce"] = json!(nonce);
             let event = record_reconciliation(
                 tx,
                 attempt.id,
@@ -822,31 +1034,28 @@ impl Reconciler {
                 &recorded,
             )
             .await?;
-            // Without the lock, another reconciler may have decided it first: its event is the
-            // attempt's one reconciliation (`record_reconciliation` returns it, after the job's
-            // row lock that both decisions take), and this transaction rolls back, with
-            // whatever its own call wrote (a late result, a late failure).
-            if let Some(unlocked) = &unlocked {
-                let ours: bool = client
-                    .query_one(
-                        "SELECT coalesce((SELECT detail #>> '{evidence,without_lock,nonce}' = $2 \
-                         FROM intent.events WHERE id = $1), false)",
-                        &[&event, &unlocked["nonce"].as_str().unwrap_or("")],
-                    )
-                    .await
-                    .map_err(pg)?
-                    .get(0);
-                if !ours {
-                    let state: String = client
-                        .query_one(
-                            "SELECT state::text FROM intent.attempts WHERE id = $1",
-                            &[&attempt.id],
-                        )
-                        .await
-                        .map_err(pg)?
-                        .get(0);
-                    return Ok((Decision::AlreadyDecided(state.parse()?), Value::Null, false));
-                }
+            // Another decision may have come first (one made without the lock while this one
+            // held it, or this one made without it): its event is the attempt's one
+            // reconciliation (`record_reconciliation` returns it, after the job's row lock
+            // that both decisions take), and this transaction rolls back, with whatever its
+            // own call wrote (a late result, a late failure). Whether with the lock or without.
+            let row = client
+                .query_one(
+                    "SELECT coalesce((SELECT detail #>> '{evidence,nonce}' = $2 \
+                     FROM intent.events WHERE id = $1), false), \
+                     (SELECT detail ->> 'attempt_state' FROM intent.events WHERE id = $1), \
+                     (SELECT state::text FROM intent.attempts WHERE id = $3)",
+                    &[&event, &nonce, &attempt.id],
+                )
+                .await
+                .map_err(pg)?;
+            let ours: bool = row.get(0);
+            if !ours {
+                let theirs: Option<String> = row.get(1);
+                let now: Option<String> = row.get(2);
+                let state = theirs.or(now).unwrap_or_default().parse()?;
+                self.fairness().settled(attempt.id);
+                return Ok((Decision::AlreadyDecided(state), Value::Null, false));
             }
         }
         if decision.is_decision() {
@@ -886,6 +1095,32 @@ async fn records_reconciliations(tx: &(impl Executor + ?Sized)) -> Result<bool, 
         .map_err(|e| Error::from_pg(e, Context::default()))?
         .try_get(0)
         .map_err(|source| Error::Decode { source })
+}
+
+/// `SET LOCAL lock_timeout = lock, statement_timeout = statement` (at least a millisecond each:
+/// 0 would turn them off).
+async fn set_waits(
+    client: &tokio_postgres::Client,
+    lock: Duration,
+    statement: Duration,
+) -> Result<(), Error> {
+    let ms = |d: Duration| format!("{}ms", d.as_millis().clamp(1, i32::MAX as u128));
+    client
+        .query_one(
+            "SELECT pg_catalog.set_config('lock_timeout', $1, true), \
+                    pg_catalog.set_config('statement_timeout', $2, true)",
+            &[&ms(lock), &ms(statement)],
+        )
+        .await
+        .map_err(|e| Error::from_pg(e, Context::default()))?;
+    Ok(())
+}
+
+/// A lock wait that ran out (`55P03`, `lock_not_available`) or a statement that ran out of time
+/// (`57014`, `query_canceled`).
+fn is_wait_too_long(code: Option<&tokio_postgres::error::SqlState>) -> bool {
+    use tokio_postgres::error::SqlState;
+    code.is_some_and(|c| *c == SqlState::LOCK_NOT_AVAILABLE || *c == SqlState::QUERY_CANCELED)
 }
 
 /// Seconds, to the millisecond.
@@ -932,6 +1167,58 @@ mod tests {
         assert!(parsed["evidence"].as_str().unwrap().ends_with('…'));
     }
 
+    fn unknown(id: u128) -> AttemptRecord {
+        AttemptRecord {
+            id: Uuid::from_u128(id),
+            job_id: Uuid::from_u128(id),
+            attempt_no: 1,
+            provider: "p".into(),
+            state: AttemptState::Unknown,
+            version_read: 1,
+            worker: None,
+            lease: Duration::from_secs(60),
+            started_at: SystemTime::UNIX_EPOCH + Duration::from_secs(id as u64),
+            deadline: SystemTime::UNIX_EPOCH + Duration::from_secs(id as u64 + 60),
+            finished_at: None,
+            result: None,
+            error: None,
+        }
+    }
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// Review B, M2 and L1: served owners go to the back in the order served, an owner first
+    /// seen waiting ranks after every owner known before it (and before those served in the
+    /// same pass), later newcomers rank after it, and owners with nothing left are forgotten.
+    #[test]
+    fn owners_rotate_least_recently_served_first_and_are_forgotten_when_done() {
+        let mut f = Fairness::default();
+        // Pass 1: a and b served; z waiting, not served.
+        f.advance(
+            &names(&["a", "b", "a"]),
+            &[unknown(1), unknown(2), unknown(3)],
+            &names(&["a", "b", "z"]),
+        );
+        let rank = |f: &Fairness, o: &str| f.owners[o].rank;
+        assert!(rank(&f, "z") < rank(&f, "a") && rank(&f, "a") < rank(&f, "b"));
+        assert_eq!(f.owners["a"].cursor.unwrap().1, Uuid::from_u128(3));
+        assert_eq!(f.owners["z"].cursor, None);
+        // Pass 2: a and b have nothing left; newcomer y (sorting before z) waits too.
+        f.advance(&[], &[], &names(&["y", "z"]));
+        assert_eq!(f.owners.len(), 2, "{:?}", f.owners);
+        assert!(
+            rank(&f, "z") < rank(&f, "y"),
+            "a newcomer does not overtake z"
+        );
+        // Pass 3: z served; then only y waits, and what is kept is y's entry alone.
+        f.advance(&names(&["z"]), &[unknown(9)], &names(&["y"]));
+        assert!(rank(&f, "y") < rank(&f, "z"));
+        f.advance(&[], &[], &names(&["y"]));
+        assert_eq!(f.cursors().0, names(&["y"]));
+    }
+
     #[test]
     fn only_calls_are_decisions() {
         assert!(Decision::Completed(Completion::Won).is_decision());
@@ -945,6 +1232,7 @@ mod tests {
             },
             Decision::AlreadyDecided(AttemptState::Succeeded),
             Decision::LookupFailed("x".into()),
+            Decision::Blocked("x".into()),
         ] {
             assert!(!left.is_decision(), "{left:?}");
         }

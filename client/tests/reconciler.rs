@@ -1114,7 +1114,13 @@ async fn a_lock_any_role_holds_does_not_keep_an_attempt_undecided() {
     assert!(held, "an unprivileged role takes the reconciler's lock");
 
     let grace = Duration::from_millis(300);
-    let rec = |name: &str| s.reconciler(name).busy_grace(grace);
+    // A reconciler found locked again after `grace` waits for the lock at most the lookup
+    // timeout plus twice the lock timeout (the lookup timeout too): 1.5 s here.
+    let rec = |name: &str| {
+        s.reconciler(name)
+            .busy_grace(grace)
+            .lookup_timeout(Duration::from_millis(500))
+    };
     let (rec_1, rec_2) = (rec("rec-1"), rec("rec-2"));
     // First found locked: left to the holder.
     let passes = passes_at_once(&s, &[rec_1.clone(), rec_2.clone()]).await;
@@ -1351,4 +1357,332 @@ async fn a_done_planted_under_a_computable_key_is_not_taken() {
     let j = intent::get_job(&s.db, old_job).await.unwrap().unwrap();
     assert_eq!(subject(&j), json!("bob's own"));
     assert_eq!(decision_of(&pass, new), Decision::Failed(JobState::Pending));
+}
+
+// ---------------------------------------------------------------------------------------------
+// An attacker's review of the reconciler (review B): fairness when owners come and go, the
+// lock-less path, a tenant's open transaction.
+// ---------------------------------------------------------------------------------------------
+
+type LookupErr = Box<dyn std::error::Error + Send + Sync>;
+
+/// An `unknown` attempt of `owner` on `provider` (no contract), made by the unbound superuser.
+async fn unknown_attempt_of(s: &Setup, owner: &str, key: &str, provider: &str) -> Uuid {
+    let id: Uuid =
+        s.db.query_one(
+            "SELECT b.attempt_id FROM intent.submit_job($1, $2, $3, '{}') s, \
+                  LATERAL intent.begin_attempt(s.job_id, lease => '1 hour') b",
+            &[&owner, &key, &provider],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    s.db.query_one("SELECT intent.mark_unknown($1, 'x')", &[&id])
+        .await
+        .unwrap();
+    id
+}
+
+async fn owners_with_unknown_attempts(s: &Setup) -> i64 {
+    s.db.query_one(
+        "SELECT count(DISTINCT owner_id) FROM intent.attempts WHERE state = 'unknown'",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// Finding: fresh owners whose names sort between the owner cursor and a victim's name, two
+/// per pass (batch 2), each decided in its pass: never more than 3 owners hold unknown
+/// attempts, so the stated bound is ⌈3/2⌉·1 = 2 passes; the victim is never looked at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owners_that_come_and_go_do_not_starve_an_owner_waiting_behind_them() {
+    let s = Setup::new().await;
+    let victim = unknown_attempt_of(&s, "zz-victim", "v-1", "victimprov").await;
+    let rec = Reconciler::new(|a: AttemptRecord| async move {
+        use pg_intent_client::reconciler::{Lookup, ProviderStatus};
+        Ok::<_, LookupErr>(Lookup::new(if a.provider == "evilprov" {
+            ProviderStatus::NeverReceived
+        } else {
+            ProviderStatus::Running
+        }))
+    })
+    .batch(2)
+    .name("rec");
+    let mut op = s.operator().await;
+    let mut max_o = 0;
+    let mut passes_without_victim = 0;
+    for k in 0..10 {
+        for j in ["a", "b"] {
+            unknown_attempt_of(&s, &format!("y{k:04}{j}"), &format!("k{k}{j}"), "evilprov").await;
+        }
+        max_o = max_o.max(owners_with_unknown_attempts(&s).await);
+        let p = rec.run_once(&mut op).await.unwrap();
+        assert!(p.errors.is_empty(), "{:?}", p.errors);
+        max_o = max_o.max(owners_with_unknown_attempts(&s).await);
+        if p.reconciled.iter().any(|r| r.attempt_id == victim) {
+            break;
+        }
+        passes_without_victim += 1;
+    }
+    let bound = (max_o as usize).div_ceil(2);
+    println!(
+        "max O = {max_o}, stated bound = {bound} passes, victim unseen for {passes_without_victim} passes"
+    );
+    assert!(
+        passes_without_victim < bound,
+        "victim not looked at for {passes_without_victim} passes; bound {bound} (max O {max_o})"
+    );
+}
+
+/// Odd owner names (empty-looking, quotes, array syntax, 255 multibyte characters): passes work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_owner_names_are_taken_in_turn() {
+    let s = Setup::new().await;
+    let names = [
+        "\"".to_string(),
+        "{a,b}".to_string(),
+        "NULL".to_string(),
+        "é".repeat(255),
+        "😀".repeat(255),
+        "a\\b".to_string(),
+        " ".to_string(),
+    ];
+    let mut ids = Vec::new();
+    for (i, n) in names.iter().enumerate() {
+        ids.push(unknown_attempt_of(&s, n, &format!("k{i}"), "p").await);
+    }
+    let rec = Reconciler::new(|_a: AttemptRecord| async move {
+        use pg_intent_client::reconciler::{Lookup, ProviderStatus};
+        Ok::<_, LookupErr>(Lookup::new(ProviderStatus::Running))
+    })
+    .batch(2);
+    let mut op = s.operator().await;
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..names.len().div_ceil(2) {
+        let p = rec.run_once(&mut op).await.unwrap();
+        assert!(p.errors.is_empty(), "{:?}", p.errors);
+        seen.extend(p.reconciled.iter().map(|r| r.attempt_id));
+    }
+    assert!(
+        ids.iter().all(|i| seen.contains(i)),
+        "seen {} of {}",
+        seen.len(),
+        ids.len()
+    );
+}
+
+/// Review B, M1 (b): a reconciler that once found the attempt locked (a squatter, a moment) later
+/// finds it locked by another reconciler deciding it legitimately, waits less than that one holds
+/// it (its own settings), and decides it without the lock (abandons it). The reconciler holding
+/// the lock then completes it: its `record_reconciliation` hands back the abandon's event, and it
+/// must roll back, not commit a second decision (a late result).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_decision_after_a_lockless_one_rolls_back() {
+    use pg_intent_client::reconciler::{Lookup, ProviderStatus};
+    let s = Setup::new().await;
+    let x = unknown_attempt_of(&s, "b", "x-1", "p").await;
+    let job = s.attempt(x).await.job_id;
+    let role = format!("squat_{}", s.t.name);
+    s.db.batch_execute(&format!("CREATE ROLE \"{role}\" LOGIN"))
+        .await
+        .unwrap();
+    let (squatter, conn) = tokio_postgres::connect(
+        &s.t.cluster.conn_str_as(&s.t.name, &role),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let lock = "SELECT pg_advisory_lock($1::int4, hashtext($2::uuid::text))";
+    squatter
+        .execute(lock, &[&pg_intent_client::reconciler::LOCK_CLASS, &x])
+        .await
+        .unwrap();
+    let r2 = Reconciler::new(|_a: AttemptRecord| async move {
+        Ok::<_, LookupErr>(Lookup::new(ProviderStatus::CannotTell))
+    })
+    .abandon_after(Duration::ZERO)
+    .busy_grace(Duration::from_millis(200))
+    // A short lookup timeout: it waits for the lock only briefly (lookup timeout + twice the
+    // lock timeout, 300 ms), less than rec-1 holds it, and decides without the lock.
+    .lookup_timeout(Duration::from_millis(100))
+    .name("rec-2");
+    let mut op2 = s.operator().await;
+    let p = r2.run_once(&mut op2).await.unwrap();
+    assert_eq!(decision_of(&p, x), Decision::Busy);
+    squatter
+        .execute(
+            "SELECT pg_advisory_unlock($1::int4, hashtext($2::uuid::text))",
+            &[&pg_intent_client::reconciler::LOCK_CLASS, &x],
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r1 = Reconciler::new(|_a: AttemptRecord| async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        Ok::<_, LookupErr>(Lookup::new(ProviderStatus::Done(json!({"caption": "x"}))))
+    })
+    .name("rec-1");
+    let mut op1 = s.operator().await;
+    let h = tokio::spawn(async move { r1.run_once(&mut op1).await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let p2 = r2.run_once(&mut op2).await.unwrap();
+    let p1 = h.await.unwrap();
+    let d1 = decision_of(&p1, x);
+    let d2 = decision_of(&p2, x);
+    let events = s.events(job).await;
+    let a = s.attempt(x).await;
+    let j = s.job_state(job).await;
+    println!(
+        "rec-1 (locked): {d1:?}\nrec-2 (lockless): {d2:?}\nattempt: {:?}\njob: {j:?}",
+        a.state
+    );
+    for e in &events {
+        println!("event {} {}", e.0, e.2);
+    }
+    let decisions = [&d1, &d2].iter().filter(|d| d.is_decision()).count();
+    assert_eq!(decisions, 1, "two decisions reported");
+    assert_eq!(d2, Decision::Abandoned);
+    assert_eq!(d1, Decision::AlreadyDecided(AttemptState::Abandoned));
+    assert_eq!(a.state, AttemptState::Abandoned);
+    assert!(
+        events
+            .iter()
+            .all(|(k, _, _)| k == "timeout" || k == "reconciled" || k == "abandoned"),
+        "extra events"
+    );
+}
+
+/// Review B, H1: a bound tenant keeps its own job's row lock in an open transaction (a late
+/// report that never commits); the reconciler's call for that owner's unknown attempt waited for
+/// ever: the pass never ended, and no other owner's attempt was decided. Now the call gives up
+/// after the lock timeout, the attempt is left for a later pass, and the pass goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_holding_its_job_row_does_not_wedge_the_pass() {
+    use pg_intent_client::reconciler::{Lookup, ProviderStatus};
+    let s = Setup::new().await;
+    let a = unknown_attempt_of(&s, "a", "a-1", "p").await;
+    let b = unknown_attempt_of(&s, "b", "b-1", "p").await;
+    let version = s.attempt(a).await.version_read;
+    let role = format!("tenant_{}", s.t.name);
+    s.db.batch_execute(&format!(
+        "CREATE ROLE \"{role}\" LOGIN IN ROLE intent_app; \
+         ALTER ROLE \"{role}\" SET intent.owner_id = 'a'"
+    ))
+    .await
+    .unwrap();
+    let (tenant, conn) = tokio_postgres::connect(
+        &s.t.cluster.conn_str_as(&s.t.name, &role),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    tenant.batch_execute("BEGIN").await.unwrap();
+    let c: String = tenant
+        .query_one(
+            "SELECT intent.complete_attempt($1, $2, '{\"caption\": \"late\"}')::text",
+            &[&a, &version],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    println!("tenant's late report (uncommitted): {c}");
+    let rec = Reconciler::new(|_a: AttemptRecord| async move {
+        Ok::<_, LookupErr>(Lookup::new(ProviderStatus::NeverReceived))
+    })
+    .lookup_timeout(Duration::from_secs(1));
+    let mut op = s.operator().await;
+    let pass = tokio::time::timeout(Duration::from_secs(15), rec.run_once(&mut op)).await;
+    println!("pass: {pass:?}");
+    let pass = pass
+        .unwrap_or_else(|_| {
+            panic!("the pass did not end within 15 s (owner b's attempt {b} undecided)")
+        })
+        .unwrap();
+    assert_eq!(decision_of(&pass, b), Decision::Failed(JobState::Pending));
+    assert!(
+        matches!(decision_of(&pass, a), Decision::Blocked(ref e) if e.contains("lock")),
+        "{pass:?}"
+    );
+    assert_eq!(s.attempt(b).await.state, AttemptState::Failed);
+    // Nothing of the blocked decision stayed; the tenant's report commits when it will.
+    assert_eq!(s.attempt(a).await.state, AttemptState::Unknown);
+    tenant.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(s.attempt(a).await.state, AttemptState::Succeeded);
+}
+
+/// Review B, M1 (a): two reconcilers, no other role. rec-2 finds the attempt locked by rec-1 in
+/// two passes more than `busy_grace` apart (never continuously): it decided without the lock
+/// (asked the provider) while rec-1 held it and was deciding. It must wait for rec-1 instead,
+/// and find the attempt decided.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_reconcilers_alone_never_decide_without_the_lock() {
+    use pg_intent_client::reconciler::{Lookup, ProviderStatus};
+    let s = Setup::new().await;
+    let x = unknown_attempt_of(&s, "b", "x-1", "p").await;
+    let job = s.attempt(x).await.job_id;
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let make = |name: &str| {
+        let asked = asked.clone();
+        Reconciler::new(move |_a: AttemptRecord| {
+            asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                tokio::time::sleep(Duration::from_millis(600)).await;
+                Ok::<_, LookupErr>(Lookup::new(ProviderStatus::NeverReceived))
+            }
+        })
+        .busy_grace(Duration::from_millis(300))
+        .name(name)
+    };
+    let (r1, r2) = (make("rec-1"), make("rec-2"));
+    // Pass 1: rec-1 holds the attempt (its provider says "still running"); rec-2, 100 ms
+    // later, finds it busy.
+    let r1_running = Reconciler::new(|_a: AttemptRecord| async move {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        Ok::<_, LookupErr>(Lookup::new(ProviderStatus::Running))
+    })
+    .name("rec-1");
+    let mut op1 = s.operator().await;
+    let mut op2 = s.operator().await;
+    let h = tokio::spawn(async move { r1_running.run_once(&mut op1).await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let p = r2.run_once(&mut op2).await.unwrap();
+    assert_eq!(decision_of(&p, x), Decision::Busy);
+    let mut op1 = s.operator().await;
+    let _ = h.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Pass 2, the same timing: rec-1 holds it (legitimately, for one lookup and one call);
+    // rec-2, which found it busy more than `busy_grace` ago, must not go lock-less.
+    let h = tokio::spawn(async move { r1.run_once(&mut op1).await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let p2 = r2.run_once(&mut op2).await.unwrap();
+    let p1 = h.await.unwrap();
+    println!(
+        "rec-1: {:?}\nrec-2: {:?}",
+        decision_of(&p1, x),
+        decision_of(&p2, x)
+    );
+    for e in s.events(job).await {
+        println!("event {} {}", e.0, e.2);
+    }
+    // Only rec-1 (the `make` one) asked; rec-2 never did: it did not decide without the lock.
+    let asked = asked.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        asked,
+        1,
+        "rec-2 decided without the lock while rec-1 held it for < 1 s: {:?}",
+        decision_of(&p2, x)
+    );
+    assert_eq!(decision_of(&p1, x), Decision::Failed(JobState::Pending));
+    assert!(!decision_of(&p2, x).is_decision());
+    let events = s.events(job).await;
+    assert!(
+        events
+            .iter()
+            .all(|(_, _, d)| d["evidence"].get("without_lock").is_none()),
+        "{events:?}"
+    );
 }

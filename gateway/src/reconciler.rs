@@ -33,10 +33,15 @@ pub struct ReconcilerConfig {
     /// then happen twice (runbook § 2.4). `None` (the default): never; such attempts are left
     /// to a person.
     pub abandon_after: Option<Duration>,
-    /// At most this many `unknown` attempts per pass, oldest first (default 100).
+    /// At most this many `unknown` attempts per pass (default 100), taken in turns between the
+    /// owners that have some, least recently served first (`pg_intent_client::reconciler`,
+    /// *Fairness*).
     pub batch: u32,
     /// How long one status lookup may take (default 10 s); the attempt's transaction, on one
-    /// pooled connection, stays open meanwhile.
+    /// pooled connection, stays open meanwhile. It is also the decision's `lock_timeout` (its
+    /// `statement_timeout` twice that): a decision kept waiting for a lock, e.g. by a tenant's
+    /// open transaction on the job's row, is left for a later pass (`Decision::Blocked`, logged)
+    /// and the pass goes on.
     pub lookup_timeout: Duration,
     /// Who decides, as recorded in the decisions (`reconciled_by`).
     pub name: String,
