@@ -124,10 +124,13 @@ pub fn register() {
         pg_sys::RegisterXactCallback(Some(transaction_ends), std::ptr::null_mut());
         PREVIOUS_EXECUTOR_START = pg_sys::ExecutorStart_hook;
         pg_sys::ExecutorStart_hook = Some(executor_start);
+        PREVIOUS_EXECUTOR_RUN = pg_sys::ExecutorRun_hook;
+        pg_sys::ExecutorRun_hook = Some(executor_run);
     }
 }
 
 static mut PREVIOUS_EXECUTOR_START: pg_sys::ExecutorStart_hook_type = None;
+static mut PREVIOUS_EXECUTOR_RUN: pg_sys::ExecutorRun_hook_type = None;
 
 // PostgreSQL's own, declared here rather than through pgrx's bindings (which would carry an
 // error it raises on as a Rust panic and rebuild it): an error goes to PostgreSQL's handler
@@ -135,10 +138,67 @@ static mut PREVIOUS_EXECUTOR_START: pg_sys::ExecutorStart_hook_type = None;
 unsafe extern "C-unwind" {
     #[link_name = "standard_ExecutorStart"]
     fn postgres_standard_executor_start(query: *mut pg_sys::QueryDesc, eflags: i32);
+    #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
+    #[link_name = "standard_ExecutorRun"]
+    fn postgres_standard_executor_run(
+        query: *mut pg_sys::QueryDesc,
+        direction: pg_sys::ScanDirection::Type,
+        count: u64,
+        execute_once: bool,
+    );
+    #[cfg(feature = "pg18")]
+    #[link_name = "standard_ExecutorRun"]
+    fn postgres_standard_executor_run(
+        query: *mut pg_sys::QueryDesc,
+        direction: pg_sys::ScanDirection::Type,
+        count: u64,
+    );
 }
 
-/// Before every query a leader starts (and so before it can launch a parallel worker, which
-/// copies the settings as they are then): [`pin_a_reverted_binding`].
+/// Before every run of a query a leader starts: [`pin_a_reverted_binding`] again. ExecutorStart
+/// itself can run the caller's code after the pin at its entry (executor-startup partition
+/// pruning evaluates STABLE functions, which may reset the setting by NULL); the run is the
+/// last point before the executor enters parallel mode and a Gather copies the settings to
+/// its workers (after it, PostgreSQL refuses every change of a setting but a function's `SET`
+/// clause, which the check hook sees). It also covers a portal bound, then executed later.
+#[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
+unsafe extern "C-unwind" fn executor_run(
+    query: *mut pg_sys::QueryDesc,
+    direction: pg_sys::ScanDirection::Type,
+    count: u64,
+    execute_once: bool,
+) {
+    // SAFETY: inside pgrx's guard; then the previous hook, or PostgreSQL's own, with the
+    // arguments PostgreSQL gave.
+    unsafe {
+        pg_sys::submodules::panic::pgrx_extern_c_guard(pin_a_reverted_binding);
+        match PREVIOUS_EXECUTOR_RUN {
+            Some(previous) => previous(query, direction, count, execute_once),
+            None => postgres_standard_executor_run(query, direction, count, execute_once),
+        }
+    }
+}
+
+/// [`executor_run`] as PostgreSQL 18 calls it (no `execute_once`).
+#[cfg(feature = "pg18")]
+unsafe extern "C-unwind" fn executor_run(
+    query: *mut pg_sys::QueryDesc,
+    direction: pg_sys::ScanDirection::Type,
+    count: u64,
+) {
+    // SAFETY: as above.
+    unsafe {
+        pg_sys::submodules::panic::pgrx_extern_c_guard(pin_a_reverted_binding);
+        match PREVIOUS_EXECUTOR_RUN {
+            Some(previous) => previous(query, direction, count),
+            None => postgres_standard_executor_run(query, direction, count),
+        }
+    }
+}
+
+/// Before every query a leader starts: [`pin_a_reverted_binding`] (and again before it runs,
+/// [`executor_run`], before it can launch a parallel worker, which copies the settings as
+/// they are then).
 unsafe extern "C-unwind" fn executor_start(query: *mut pg_sys::QueryDesc, eflags: i32) {
     // SAFETY: inside pgrx's guard; then the previous hook, or PostgreSQL's own, with the
     // arguments PostgreSQL gave.
@@ -158,7 +218,7 @@ unsafe extern "C-unwind" fn executor_start(query: *mut pg_sys::QueryDesc, eflags
 /// which read only the setting, do too, the setting itself is set to [`NO_OWNER`] for the rest
 /// of the transaction (`SET LOCAL`) before the leader starts its next query. Only the leader,
 /// outside parallel mode, can set it; a worker's setting is whatever its leader's was.
-fn pin_a_reverted_binding() {
+pub fn pin_a_reverted_binding() {
     // SAFETY: plain reads of backend state.
     let (in_transaction, parallel, worker) = unsafe {
         (

@@ -211,6 +211,9 @@ unsafe extern "C-unwind" fn utility(
     // statement is the one PostgreSQL gave.
     unsafe {
         pg_sys::submodules::panic::pgrx_extern_c_guard(|| {
+            // A utility statement may start parallel workers without the executor (a parallel
+            // index build): the setting must say what binds before it runs, too.
+            crate::owner::pin_a_reverted_binding();
             crate::owner::check_utility(if pstmt.is_null() {
                 std::ptr::null_mut()
             } else {

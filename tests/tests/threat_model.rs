@@ -1262,6 +1262,92 @@ async fn a_binding_cannot_change_within_a_transaction() {
     s.victim_untouched("rebinding within a transaction").await;
 }
 
+/// Boundary: bound tenant ↔ other owners. Route: a reset by NULL made by the tenant's code
+/// *inside* ExecutorStart — executor-startup partition pruning evaluates a STABLE function —
+/// after the check at ExecutorStart's entry and before the Gather copies the settings to its
+/// workers (found by the second review of #24). The workers must read no owner's rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_during_executor_start_does_not_reach_the_workers() {
+    let s = scene("tm_prune_reset").await;
+    submit(&s.su, "tenant-b", "theirs", "gpu", &json!({}))
+        .await
+        .unwrap();
+    let gateway = create_login_role(&s.su, "gateway", "IN ROLE intent_operator").await;
+    s.su.batch_execute(&format!(
+        "GRANT SET ON PARAMETER intent.owner_id TO \"{gateway}\""
+    ))
+    .await
+    .unwrap();
+    let t = s.tenant().await;
+    t.batch_execute(&format!(
+        "CREATE TABLE evil.parted (k int) PARTITION BY LIST (k);
+         CREATE TABLE evil.p1 PARTITION OF evil.parted FOR VALUES IN (1);
+         CREATE TABLE evil.p2 PARTITION OF evil.parted FOR VALUES IN (2);
+         INSERT INTO evil.parted VALUES (1);
+         CREATE FUNCTION evil.reset() RETURNS int LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+         BEGIN
+             -- Resets a binding, leaving pg_intent's own \"no owner\" alone (resetting that
+             -- in a worker would only make PostgreSQL refuse the statement).
+             IF coalesce(current_setting('intent.owner_id', true), '') NOT IN ('')
+                AND current_setting('intent.owner_id', true) NOT LIKE '(no owner%' THEN
+                 PERFORM set_config('intent.owner_id', NULL, true);
+             END IF;
+             RETURN 1;
+         END $$;
+         CREATE FUNCTION evil.who(int) RETURNS text LANGUAGE sql STABLE PARALLEL SAFE AS
+             $$ SELECT coalesce(string_agg(owner_id, ','), '') FROM intent.jobs $$;
+         CREATE FUNCTION evil.grab() RETURNS SETOF text LANGUAGE plpgsql AS $$
+         BEGIN
+             PERFORM set_config(name, 'on', true) FROM pg_settings
+               WHERE name IN ('force_parallel_mode', 'debug_parallel_query');
+             PERFORM set_config('parallel_leader_participation', 'off', true);
+             PERFORM set_config('parallel_setup_cost', '0', true);
+             PERFORM set_config('parallel_tuple_cost', '0', true);
+             RETURN QUERY SELECT evil.who(k) FROM evil.parted WHERE k = evil.reset();
+         END $$;
+         CREATE TABLE evil.inbox (x int);
+         CREATE TABLE evil.loot (what text);
+         CREATE FUNCTION evil.steal() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN INSERT INTO evil.loot SELECT * FROM evil.grab(); RETURN NEW; END $$;
+         CREATE TRIGGER t BEFORE INSERT ON evil.inbox FOR EACH ROW EXECUTE FUNCTION evil.steal();
+         GRANT USAGE ON SCHEMA evil TO \"{gateway}\";
+         GRANT SELECT ON evil.parted, evil.p1, evil.p2, evil.loot TO \"{gateway}\";
+         GRANT INSERT ON evil.inbox, evil.loot TO \"{gateway}\";
+         GRANT EXECUTE ON FUNCTION evil.reset(), evil.who(int), evil.grab() TO \"{gateway}\";"
+    ))
+    .await
+    .unwrap();
+    let g = connect_role(&s.db, &gateway).await;
+    g.query_one("SELECT intent.bound_owner()", &[])
+        .await
+        .unwrap();
+    g.batch_execute("BEGIN; SET LOCAL intent.owner_id = 'tenant-a'; SAVEPOINT s")
+        .await
+        .unwrap();
+    // Either the tenant's statement fails (its function, run again in a worker that restored
+    // "no owner", tries to reset the setting there, which PostgreSQL refuses in parallel
+    // mode), or it runs and its workers read nothing. Never another owner's rows.
+    if let Err(e) = g.batch_execute("INSERT INTO evil.inbox VALUES (1)").await {
+        let e = SqlError::from_error(&e);
+        assert!(["25000", "42501"].contains(&e.code.as_str()), "{e:?}");
+        g.batch_execute("ROLLBACK TO SAVEPOINT s").await.unwrap();
+    }
+    let loot: Vec<String> = g
+        .query("SELECT what FROM evil.loot", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        loot.iter().all(|w| w.is_empty()),
+        "the workers read other owners' jobs: {loot:?}"
+    );
+    refusal(cancel(&g, s.victim_job, None).await, "IJ007");
+    g.batch_execute("ROLLBACK").await.unwrap();
+    s.victim_untouched("a reset during ExecutorStart").await;
+}
+
 /// Boundary: bound tenant ↔ other owners. Route: a gateway binds with `SET LOCAL` before the
 /// library is loaded (a placeholder), and the library's first load happens in parallel mode,
 /// where PostgreSQL would drop the placeholder's value — in the leader under a Gather, or in a
