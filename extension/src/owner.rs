@@ -18,8 +18,9 @@
 //!    transaction ends is refused (42501, [`check_owner`], [`check_utility`]); a tenant's
 //!    trigger running in a gateway's bound transaction can neither rebind nor unbind it. What
 //!    PostgreSQL changes back without asking (a rolled-back savepoint, the end of a function's
-//!    `SET` clause) binds the rest of the transaction to no owner, and the setting is made to
-//!    say so before the next query starts ([`pin_a_reverted_binding`]);
+//!    `SET` clause, a reset by `set_config(…, NULL, …)`) binds the rest of the transaction to
+//!    no owner, and the setting is made to say so before the next query starts and again before
+//!    it runs, and before every utility statement ([`pin_a_reverted_binding`]);
 //! 2. while a contract's checker runs ([`without_owner`]), the setting holds [`NO_OWNER`], at a
 //!    GUC nesting level of its own, as a function's `SET` clause would: the checker, and any
 //!    parallel worker of its queries, reads no owner's rows; nothing may change it meanwhile;
