@@ -49,6 +49,14 @@ use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_void};
 
 static OWNER_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+/// `intent.transaction_binding`: what binds the current transaction, as the leader last made
+/// sure of it ([`pin_a_reverted_binding`]): its owner, [`NO_OWNER`], or empty (not bound). Set
+/// only by pg_intent, `SET LOCAL`, with the backend-start context that no SQL statement can
+/// give (`SET`, `set_config`, `RESET`: "cannot be set after connection start"), and copied to
+/// parallel workers like every setting: what a worker trusts when the setting itself was reset
+/// by code that ran after the leader's last pin (a parallel index build folds the caller's
+/// functions in the leader just before it launches workers, without the executor).
+static TRANSACTION_BINDING: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 
 /// A role's binding read from the catalog: the owner and the source a login applies it with.
 type Binding = Option<(String, pg_sys::GucSource::Type)>;
@@ -212,13 +220,16 @@ unsafe extern "C-unwind" fn executor_start(query: *mut pg_sys::QueryDesc, eflags
     }
 }
 
-/// Rule 1's other half. A change of the setting that PostgreSQL makes without asking — the
-/// rollback of a savepoint, or the end of a function's `SET` clause, putting back the value the
-/// setting had before it bound the transaction — leaves the transaction bound to an owner the
-/// setting no longer names. [`bound_owner`] reads that as no owner; so that parallel workers,
-/// which read only the setting, do too, the setting itself is set to [`NO_OWNER`] for the rest
-/// of the transaction (`SET LOCAL`) before the leader starts its next query. Only the leader,
-/// outside parallel mode, can set it; a worker's setting is whatever its leader's was.
+/// Rule 1's other half, and what the workers trust. A change of the setting that PostgreSQL
+/// makes without asking — the rollback of a savepoint, the end of a function's `SET` clause, a
+/// reset by `set_config(…, NULL, …)` — leaves the transaction bound to an owner the setting no
+/// longer names. [`bound_owner`] reads that as no owner; so that parallel workers, which read
+/// only the settings, do too, the setting itself is set to [`NO_OWNER`] for the rest of the
+/// transaction (`SET LOCAL`). And `intent.transaction_binding` is set to what binds the
+/// transaction, which no SQL can change: a worker whose copy of the setting differs from it
+/// (the caller's code reset the setting after this ran, before its workers were launched)
+/// acts for no owner. Run before every query starts and runs and before every utility
+/// statement; only the leader, outside parallel mode, can set settings.
 pub fn pin_a_reverted_binding() {
     // SAFETY: plain reads of backend state.
     let (in_transaction, parallel, worker) = unsafe {
@@ -228,12 +239,53 @@ pub fn pin_a_reverted_binding() {
             pg_sys::ParallelWorkerNumber >= 0,
         )
     };
-    if !in_transaction || parallel || worker || !reverted(None) {
+    if !in_transaction || parallel || worker {
         return;
     }
+    if reverted(None) {
+        set_no_owner(pg_sys::GucAction::GUC_ACTION_LOCAL);
+    }
+    // What binds the transaction now, for the workers (empty: not bound, nothing to keep).
+    let binding = if PINS.get() > 0 || setting().as_deref() == Some(NO_OWNER) {
+        Some(NO_OWNER.to_string())
+    } else {
+        TRANSACTION_OWNER.with_borrow(|o| o.clone())
+    };
+    if let Some(binding) = binding
+        && transaction_binding().as_deref() != Some(binding.as_str())
+    {
+        let value = CString::new(binding).unwrap_or_default();
+        // SAFETY: SET LOCAL with the backend-start context, which only code can give; no SQL.
+        unsafe {
+            let _internal = Internal::enter();
+            pg_sys::set_config_option(
+                c"intent.transaction_binding".as_ptr(),
+                value.as_ptr(),
+                pg_sys::GucContext::PGC_SU_BACKEND,
+                pg_sys::GucSource::PGC_S_SESSION,
+                pg_sys::GucAction::GUC_ACTION_LOCAL,
+                true,
+                0,
+                false,
+            );
+        }
+    }
+}
+
+/// `intent.transaction_binding`'s value, when it holds one.
+fn transaction_binding() -> Option<String> {
+    TRANSACTION_BINDING
+        .get()
+        .map(|c| c.to_string_lossy().into_owned())
+        .filter(|s| !s.is_empty())
+}
+
+/// Sets the setting to [`NO_OWNER`] with `action` (`SET LOCAL`, or a function's `SET` clause at
+/// the current nesting level), as a superuser's function would (the setting is superuser-only);
+/// the check hook lets pg_intent's own change through ([`INTERNAL`]).
+fn set_no_owner(action: pg_sys::GucAction::Type) {
     let no_owner = CString::new(NO_OWNER).expect("no NUL");
-    // SAFETY: a SET LOCAL of a superuser-only setting, as a superuser's function would; the
-    // check hook lets pg_intent's own change through (INTERNAL).
+    // SAFETY: the value is copied by the GUC machinery; no SQL.
     unsafe {
         let _internal = Internal::enter();
         pg_sys::set_config_option(
@@ -241,7 +293,7 @@ pub fn pin_a_reverted_binding() {
             no_owner.as_ptr(),
             pg_sys::GucContext::PGC_SUSET,
             pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_LOCAL,
+            action,
             true,
             0,
             false,
@@ -291,6 +343,14 @@ impl Drop for Internal {
 }
 
 fn define() {
+    GucRegistry::define_string_guc(
+        c"intent.transaction_binding",
+        c"Internal: what binds the current transaction, for pg_intent's parallel workers.",
+        c"Set by pg_intent only. A parallel worker acts for no owner when intent.owner_id differs from it.",
+        &TRANSACTION_BINDING,
+        GucContext::SuBackend,
+        GucFlags::NO_SHOW_ALL | GucFlags::DISALLOW_IN_FILE | GucFlags::NO_RESET_ALL,
+    );
     // SAFETY: the assign hook is guarded and never raises.
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
@@ -522,24 +582,10 @@ pub fn without_owner<R>(f: impl FnOnce() -> R) -> R {
             unsafe { pg_sys::AtEOXact_GUC(true, self.0) };
         }
     }
-    let no_owner = CString::new(NO_OWNER).expect("no NUL");
-    // SAFETY: what fmgr_security_definer does for a function's SET clause, as a superuser's
-    // function (the setting is superuser-only); the value is copied by the GUC machinery.
-    let level = unsafe {
-        let level = pg_sys::NewGUCNestLevel();
-        let _internal = Internal::enter();
-        pg_sys::set_config_option(
-            c"intent.owner_id".as_ptr(),
-            no_owner.as_ptr(),
-            pg_sys::GucContext::PGC_SUSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_SAVE,
-            true,
-            0,
-            false,
-        );
-        level
-    };
+    // SAFETY: what fmgr_security_definer does for a function's SET clause: a nesting level of
+    // its own, closed by `Scope`.
+    let level = unsafe { pg_sys::NewGUCNestLevel() };
+    set_no_owner(pg_sys::GucAction::GUC_ACTION_SAVE);
     PINS.set(PINS.get() + 1);
     let _scope = Scope(level);
     f()
@@ -655,6 +701,15 @@ unsafe fn setting_of(
 pub fn bound_owner() -> Option<String> {
     let setting = setting();
     if setting.as_deref() == Some(NO_OWNER) || reverted(Some(setting.as_deref())) {
+        return Some(String::new());
+    }
+    // SAFETY: a plain read of a backend global.
+    if unsafe { pg_sys::ParallelWorkerNumber >= 0 }
+        && let Some(binding) = transaction_binding()
+        && setting.as_deref() != Some(binding.as_str())
+    {
+        // The leader made sure the transaction was bound to `binding`; the setting copied to
+        // this worker says otherwise (reset after the leader's last pin): no owner.
         return Some(String::new());
     }
     // SAFETY: plain reads of the backend's user ids and transaction state.

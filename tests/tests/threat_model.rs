@@ -1348,6 +1348,103 @@ async fn a_reset_during_executor_start_does_not_reach_the_workers() {
     s.victim_untouched("a reset during ExecutorStart").await;
 }
 
+/// Boundary: bound tenant ↔ other owners. Route: a parallel index build, which launches its
+/// workers without the executor: PostgreSQL folds the index expression's constant parts in the
+/// leader just before, and a tenant's IMMUTABLE function there resets the setting by NULL after
+/// every pin (found by the third review of #24). The workers trust
+/// `intent.transaction_binding`, which no SQL can change: they read no other owner's rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_before_a_parallel_index_build_does_not_reach_its_workers() {
+    let s = scene("tm_index_reset").await;
+    submit(&s.su, "tenant-b", "theirs", "gpu", &json!({}))
+        .await
+        .unwrap();
+    submit(&s.su, "tenant-a", "mine", "gpu", &json!({}))
+        .await
+        .unwrap();
+    let gateway = create_login_role(&s.su, "gateway", "IN ROLE intent_operator").await;
+    s.su.batch_execute(&format!(
+        "GRANT SET ON PARAMETER intent.owner_id TO \"{gateway}\""
+    ))
+    .await
+    .unwrap();
+    let t = s.tenant().await;
+    t.batch_execute(&format!(
+        "CREATE FUNCTION evil.reset() RETURNS int LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+         BEGIN
+             IF coalesce(current_setting('intent.owner_id', true), '') <> ''
+                AND current_setting('intent.owner_id', true) NOT LIKE '(no owner%' THEN
+                 PERFORM set_config('intent.owner_id', NULL, true);
+             END IF;
+             RETURN 0;
+         END $$;
+         -- What a worker (not the leader) of the build reads, as an error the trigger records.
+         CREATE FUNCTION evil.who(int) RETURNS text LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+         DECLARE j text := (SELECT coalesce(string_agg(owner_id, ',' ORDER BY owner_id), '') FROM intent.jobs);
+         BEGIN
+             IF pg_backend_pid() <> current_setting('evil.leader')::int THEN
+                 RAISE EXCEPTION 'WORKER[%]', j;
+             END IF;
+             RETURN j;
+         END $$;
+         CREATE TABLE evil.inbox (x int);
+         CREATE TABLE evil.loot (what text);
+         CREATE FUNCTION evil.steal() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             PERFORM set_config('evil.leader', pg_backend_pid()::text, true);
+             CREATE TABLE evil.t (k int) WITH (parallel_workers = 2);
+             INSERT INTO evil.t SELECT generate_series(1, 1000);
+             BEGIN
+                 IF NEW.x = 1 THEN CREATE INDEX ON evil.t ((evil.who(k + evil.reset())));
+                 ELSE CREATE INDEX ON evil.t ((evil.who(k))); END IF;
+                 INSERT INTO evil.loot VALUES ('no worker read anything, x=' || NEW.x);
+             EXCEPTION WHEN OTHERS THEN
+                 INSERT INTO evil.loot VALUES (SQLERRM);
+             END;
+             DROP TABLE evil.t;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER t BEFORE INSERT ON evil.inbox FOR EACH ROW EXECUTE FUNCTION evil.steal();
+         GRANT USAGE, CREATE ON SCHEMA evil TO \"{gateway}\";
+         GRANT INSERT, SELECT ON evil.inbox, evil.loot TO \"{gateway}\";
+         GRANT EXECUTE ON FUNCTION evil.reset(), evil.who(int) TO \"{gateway}\";"
+    ))
+    .await
+    .unwrap();
+    let g = connect_role(&s.db, &gateway).await;
+    g.query_one("SELECT intent.bound_owner()", &[])
+        .await
+        .unwrap();
+    for x in [2, 1] {
+        g.batch_execute(&format!(
+            "BEGIN; SET LOCAL intent.owner_id = 'tenant-a'; INSERT INTO evil.inbox VALUES ({x}); COMMIT"
+        ))
+        .await
+        .unwrap();
+    }
+    let loot: Vec<String> = g
+        .query("SELECT what FROM evil.loot", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(loot.len(), 2, "{loot:?}");
+    // The control (no reset): the workers read the bound owner's jobs only. With the reset:
+    // nothing, or only that owner's — never another owner's.
+    assert!(
+        loot.iter().any(|w| w.contains("WORKER[tenant-a]")),
+        "a worker of the control build ran: {loot:?}"
+    );
+    assert!(
+        loot.iter()
+            .all(|w| !w.contains("tenant-b") && !w.contains("victim")),
+        "a worker of a bound transaction read other owners' jobs: {loot:?}"
+    );
+    s.victim_untouched("a reset before a parallel index build")
+        .await;
+}
+
 /// Boundary: bound tenant ↔ other owners. Route: a gateway binds with `SET LOCAL` before the
 /// library is loaded (a placeholder), and the library's first load happens in parallel mode,
 /// where PostgreSQL would drop the placeholder's value — in the leader under a Gather, or in a
