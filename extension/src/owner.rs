@@ -78,11 +78,12 @@ thread_local! {
     static INTERNAL: Cell<bool> = const { Cell::new(false) };
 }
 
-/// The setting's value while a contract's checker runs: longer than any owner id may be
+/// The setting's value while a contract's checker runs, or after a transaction's binding was
+/// undone ([`pin_a_reverted_binding`]): longer than any owner id may be
 /// ([`pg_intent_protocol::limits::MAX_NAME_CHARS`]), so it is no owner's, and it says what it is
 /// to whoever reads `SHOW intent.owner_id` there. [`bound_owner`] reads it as "no owner".
 pub const NO_OWNER: &str = concat!(
-    "(no owner: a pg_intent contract checker is running; it reads no owner's rows) ",
+    "(no owner: a contract checker runs, or this transaction's binding was undone; pg_intent reads no owner's rows) ",
     "................................................................................",
     "................................................................................",
     "................................................................................",
@@ -241,6 +242,15 @@ pub fn pin_a_reverted_binding() {
     };
     if !in_transaction || parallel || worker {
         return;
+    }
+    // The binding in force when the transaction's first statement runs (a session-level SET or
+    // the role's, from an earlier transaction) binds it too: tenant code that runs before
+    // anything reads it (a trigger on the tenant's own table) cannot change it either. The
+    // statements that bind or begin a transaction ([`binds_or_begins`]) do not pin it.
+    if TRANSACTION_OWNER.with_borrow(Option::is_none)
+        && let Some(owner) = setting()
+    {
+        bind_transaction(owner);
     }
     if reverted(None) {
         set_no_owner(pg_sys::GucAction::GUC_ACTION_LOCAL);
@@ -460,6 +470,22 @@ unsafe extern "C-unwind" fn check_owner(
         pg_sys::GUC_check_errhint_string = text(CHANGE_HINT);
     }
     false
+}
+
+/// Whether a utility statement sets a setting (`SET`, `SET LOCAL`, `RESET`, `SET TRANSACTION`)
+/// or controls the transaction (`BEGIN`, `SAVEPOINT`, `COMMIT`, …): the utility hook does not
+/// pin the transaction's binding before those, so that a gateway can bind (or rebind) at a
+/// transaction's start.
+///
+/// # Safety
+/// `stmt` is the statement the utility hook was given (or NULL).
+pub unsafe fn binds_or_begins(stmt: *mut pg_sys::Node) -> bool {
+    // SAFETY: a read of the node's tag.
+    !stmt.is_null()
+        && matches!(
+            unsafe { (*stmt).type_ },
+            pg_sys::NodeTag::T_VariableSetStmt | pg_sys::NodeTag::T_TransactionStmt
+        )
 }
 
 /// For every utility statement (the utility hook, `replay.rs`): applies [`refused_change`] to

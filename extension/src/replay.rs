@@ -211,14 +211,17 @@ unsafe extern "C-unwind" fn utility(
     // statement is the one PostgreSQL gave.
     unsafe {
         pg_sys::submodules::panic::pgrx_extern_c_guard(|| {
-            // A utility statement may start parallel workers without the executor (a parallel
-            // index build): the setting must say what binds before it runs, too.
-            crate::owner::pin_a_reverted_binding();
-            crate::owner::check_utility(if pstmt.is_null() {
+            let stmt = if pstmt.is_null() {
                 std::ptr::null_mut()
             } else {
                 (*pstmt).utilityStmt
-            })
+            };
+            // A utility statement may start parallel workers without the executor (a parallel
+            // index build): the setting must say what binds before it runs, too.
+            if !crate::owner::binds_or_begins(stmt) {
+                crate::owner::pin_a_reverted_binding();
+            }
+            crate::owner::check_utility(stmt)
         })
     };
     if CALLED.get() {

@@ -1445,6 +1445,96 @@ async fn a_reset_before_a_parallel_index_build_does_not_reach_its_workers() {
         .await;
 }
 
+/// Boundary: bound tenant ↔ other owners. Route: a gateway that binds with a session-level
+/// `SET` (not `SET LOCAL`): in each later transaction, tenant code that runs before anything
+/// has read the binding (a trigger on the tenant's own table) rebinds or unbinds it (found by
+/// the fourth review of #24). The binding in force at a transaction's first statement binds
+/// the transaction: the change is refused, or, for a reset PostgreSQL makes without asking,
+/// the rest of the transaction acts for no owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_level_binding_binds_each_transaction() {
+    let s = scene("tm_session_bind").await;
+    submit(&s.su, "tenant-b", "theirs", "gpu", &json!({}))
+        .await
+        .unwrap();
+    let gateway = create_login_role(&s.su, "gateway", "IN ROLE intent_operator").await;
+    s.su.batch_execute(&format!(
+        "GRANT SET ON PARAMETER intent.owner_id TO \"{gateway}\""
+    ))
+    .await
+    .unwrap();
+    let t = s.tenant().await;
+    t.batch_execute(&format!(
+        "CREATE TABLE evil.inbox (x int);
+         CREATE TABLE evil.loot (x int, what text);
+         CREATE FUNCTION evil.rebind() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             CASE NEW.x
+                 WHEN 1 THEN PERFORM set_config('intent.owner_id', NULL, true);
+                 WHEN 2 THEN PERFORM set_config('intent.owner_id', 'victim', true);
+                 ELSE RESET intent.owner_id;
+             END CASE;
+             INSERT INTO evil.loot SELECT NEW.x, coalesce(string_agg(owner_id, ','), '') FROM intent.jobs;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER t BEFORE INSERT ON evil.inbox FOR EACH ROW EXECUTE FUNCTION evil.rebind();
+         GRANT USAGE ON SCHEMA evil TO \"{gateway}\";
+         GRANT INSERT, SELECT ON evil.inbox, evil.loot TO \"{gateway}\";"
+    ))
+    .await
+    .unwrap();
+    let g = connect_role(&s.db, &gateway).await;
+    g.query_one("SELECT intent.bound_owner()", &[])
+        .await
+        .unwrap();
+    g.batch_execute("SET intent.owner_id = 'tenant-a'")
+        .await
+        .unwrap();
+    for x in [1, 2, 3] {
+        match g
+            .batch_execute(&format!("INSERT INTO evil.inbox VALUES ({x})"))
+            .await
+        {
+            Ok(()) => {}
+            Err(e) => assert_eq!(SqlError::from_error(&e).code, "42501", "x = {x}: {e:?}"),
+        }
+        let bound: Option<String> = g
+            .query_one("SELECT intent.bound_owner()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            bound.as_deref(),
+            Some("tenant-a"),
+            "x = {x}: the session's binding"
+        );
+    }
+    let loot: Vec<String> = g
+        .query("SELECT what FROM evil.loot", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        loot.iter().all(|w| w.is_empty() || w == "tenant-a"),
+        "the tenant's trigger read other owners' jobs: {loot:?}"
+    );
+    // The gateway itself still rebinds between transactions, with SET statements.
+    for sql in [
+        "SET intent.owner_id = 'tenant-b'",
+        "BEGIN",
+        "SET LOCAL intent.owner_id = 'victim'",
+        "COMMIT",
+    ] {
+        g.batch_execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+    }
+    refusal(cancel(&g, s.victim_job, None).await, "IJ007");
+    s.victim_untouched("a session-level binding").await;
+}
+
 /// Boundary: bound tenant ↔ other owners. Route: a gateway binds with `SET LOCAL` before the
 /// library is loaded (a placeholder), and the library's first load happens in parallel mode,
 /// where PostgreSQL would drop the placeholder's value — in the leader under a Gather, or in a
