@@ -27,8 +27,24 @@ thread_local! {
     static JOBS: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::InvalidOid) };
 }
 
-/// Registers the invalidation callback; called from `_PG_init` (no SQL, no catalog access).
+/// `intent.force_distributed_statements`: the conformance suite's switch (tests/README.md), which
+/// runs the distributed mode's statements on a single node so that every suite — the model
+/// check included — covers them without a Citus cluster. It can only turn the distributed
+/// statements on: on a single node both modes keep the same contract, so a superuser who sets
+/// it changes nothing a caller can observe but speed.
+static FORCE: pgrx::guc::GucSetting<bool> = pgrx::guc::GucSetting::<bool>::new(false);
+
+/// Registers the invalidation callback and the switch; called from `_PG_init` (no SQL, no
+/// catalog access).
 pub fn register() {
+    pgrx::guc::GucRegistry::define_bool_guc(
+        c"intent.force_distributed_statements",
+        c"Runs the distributed mode's statements on a single node (for the conformance suite).",
+        c"Off: the distributed statements run only where intent.jobs is distributed by Citus. On: they run everywhere. The answers are the same either way; the single-node statements are faster.",
+        &FORCE,
+        pgrx::guc::GucContext::Suset,
+        pgrx::guc::GucFlags::default(),
+    );
     // SAFETY: registers a callback that only resets a cached value.
     unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(invalidated), pg_sys::Datum::from(0)) };
 }
@@ -39,8 +55,14 @@ unsafe extern "C-unwind" fn invalidated(_arg: pg_sys::Datum, relid: pg_sys::Oid)
     }
 }
 
-/// Whether `intent.jobs` is distributed by Citus in this database.
+/// Whether `intent.jobs` is distributed by Citus in this database (or the distributed statements
+/// are forced on).
 pub fn distributed() -> bool {
+    FORCE.get() || on_citus()
+}
+
+/// Whether `intent.jobs` really is distributed by Citus (what the switch does not change).
+pub fn on_citus() -> bool {
     if let Some(d) = DISTRIBUTED.get() {
         return d;
     }

@@ -78,7 +78,7 @@ unsafe extern "C-unwind" fn transaction_ended(event: pg_sys::XactEvent::Type, _a
 
 /// What every API call does first in the distributed mode (entry.rs).
 pub fn before_call() -> Answer<()> {
-    if !crate::dist::distributed() {
+    if !crate::dist::on_citus() {
         return Ok(());
     }
     CALLED.set(true);
