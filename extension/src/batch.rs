@@ -10,7 +10,7 @@
 use crate::entry::{arg, enum_value, one_row_each};
 use crate::input;
 use crate::jsonb::{CallJsonb, Jsonb};
-use crate::plans::{self, Name, Statement};
+use crate::plans::{self, Statement};
 use crate::refusal::{self, Answer, Refusal};
 use crate::state::{JobState, lapsed_sql};
 use crate::submit::{Comparison, verdict};
@@ -42,7 +42,7 @@ struct Results {
 
 /// The existing jobs of a set of keys, with each intent's fingerprint compared in SQL.
 static FIND_JOBS: Statement = Statement {
-    name: Name::FindJobs,
+    name: "FindJobs",
     sql: concat!(
         "SELECT u.i::int4,
                  j.owner_id = u.o AND j.idempotency_key = u.k,
@@ -77,7 +77,7 @@ static FIND_JOBS: Statement = Statement {
 /// in id order, whatever the order of the arrays: two batches that share keys then meet them in
 /// the same order, so one waits for the other instead of each waiting for the other (40P01).
 static INSERT_JOBS: Statement = Statement {
-    name: Name::InsertJobs,
+    name: "InsertJobs",
     sql: "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts,
                                    version, created_at, updated_at)
           SELECT u.id, o, k, p, pa, c, m, coalesce(r.version + 1, 1), $8, $8
@@ -101,7 +101,7 @@ static INSERT_JOBS: Statement = Statement {
 
 /// The defined contracts among the names a batch uses.
 static DEFINED_CONTRACTS: Statement = Statement {
-    name: Name::DefinedContracts,
+    name: "DefinedContracts",
     sql: "SELECT name::text FROM intent.contracts WHERE name = ANY ($1::text[])",
     args: &[pg_sys::TEXTARRAYOID],
 };
@@ -127,12 +127,7 @@ struct Outcome {
     result: Option<Jsonb>,
 }
 
-crate::entry::sql_function!(
-    intent_submit_jobs,
-    pg_finfo_intent_submit_jobs,
-    submit_jobs,
-    c"intent.submit_jobs"
-);
+crate::entry::sql_function!(submit_jobs, submit_jobs);
 
 /// `intent.submit_jobs(owner_ids, idempotency_keys, providers, params, contracts, max_attempts)`.
 fn submit_jobs(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {

@@ -4,7 +4,7 @@ use crate::contract;
 use crate::entry::{arg, one_row};
 use crate::input;
 use crate::job::{self, Job};
-use crate::plans::{self, Name, Statement};
+use crate::plans::{self, Statement};
 use crate::refusal::{self, Answer, Refusal};
 use crate::state::AttemptState;
 use pg_intent_protocol::Facts;
@@ -19,7 +19,7 @@ use pgrx::prelude::*;
 /// it changes only when the outcome slot changes. If a hand-written row somehow got past the
 /// job lock, the partial unique index `attempts_one_open_per_job` still refuses it.
 static START_ATTEMPT: Statement = Statement {
-    name: Name::StartAttempt,
+    name: "StartAttempt",
     sql: "WITH a AS (
               INSERT INTO intent.attempts
                      (id, job_id, owner_id, attempt_no, provider, state, version_read, worker, lease, started_at, deadline)
@@ -45,7 +45,7 @@ static START_ATTEMPT: Statement = Statement {
 
 /// [`START_ATTEMPT`] on the catalog of 0.2.0 (no `retry_at`).
 static START_ATTEMPT_0_2: Statement = Statement {
-    name: Name::StartAttempt0_2,
+    name: "StartAttempt0_2",
     sql: "WITH a AS (
               INSERT INTO intent.attempts
                      (id, job_id, owner_id, attempt_no, provider, state, version_read, worker, lease, started_at, deadline)
@@ -65,12 +65,7 @@ struct Begun {
     deadline: TimestampWithTimeZone,
 }
 
-crate::entry::sql_function!(
-    intent_begin_attempt,
-    pg_finfo_intent_begin_attempt,
-    begin_attempt,
-    c"intent.begin_attempt"
-);
+crate::entry::sql_function!(begin_attempt, begin_attempt);
 
 /// `intent.begin_attempt(job_id, provider, lease, worker)`.
 fn begin_attempt(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {

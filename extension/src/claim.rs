@@ -10,7 +10,7 @@
 use crate::entry::{arg, one_row_each};
 use crate::input;
 use crate::jsonb::{CallJsonb, Jsonb};
-use crate::plans::{self, Name, Statement};
+use crate::plans::{self, Statement};
 use crate::refusal::{Answer, Refusal};
 use pg_intent_protocol::limits::MAX_CLAIM;
 use pgrx::datum::{DatumWithOid, Interval, TimestampWithTimeZone};
@@ -157,7 +157,7 @@ macro_rules! claim_sql {
 /// Begins the next attempt of up to `$4` claimable jobs of every owner, longest-waiting first:
 /// the scan of `jobs_claimable`.
 static CLAIM: Statement = Statement {
-    name: Name::Claim,
+    name: "Claim",
     sql: claim_sql!("", "coalesce(j.retry_at, j.updated_at)"),
     args: &[
         pg_sys::TEXTARRAYOID,
@@ -176,7 +176,7 @@ static CLAIM: Statement = Statement {
 /// without bitmap scans, so that the plan is the ordered scan of the owner's part that stops
 /// at `$4` jobs. The policies still apply.
 static CLAIM_BOUND: Statement = Statement {
-    name: Name::ClaimBound,
+    name: "ClaimBound",
     // The owner as a range (`>= $6 AND <= $6`, which for a deterministic collation is
     // equality), with the equality itself as a plain filter (`IS TRUE`): an `owner_id = $6`
     // clause would make owner_id a constant to the planner, so that jobs_claimable (ordered by
@@ -202,7 +202,7 @@ static CLAIM_BOUND: Statement = Statement {
 /// many shards with SKIP LOCKED), merged on the coordinator, longest-waiting first; a bound
 /// session's own jobs only (the policies run on the workers, which do not know the binding).
 static CANDIDATES_DIST: Statement = Statement {
-    name: Name::ClaimCandidatesDist,
+    name: "ClaimCandidatesDist",
     sql: "SELECT j.id FROM intent.jobs j
            WHERE j.state = 'pending' AND j.attempt_count < j.max_attempts
              AND coalesce(j.retry_at, j.updated_at) <= $4
@@ -222,7 +222,7 @@ static CANDIDATES_DIST: Statement = Statement {
 /// conditions, read again under the lock), on its own shard, skipped if another transaction
 /// holds it.
 static TAKE_DIST: Statement = Statement {
-    name: Name::ClaimLockDist,
+    name: "ClaimLockDist",
     sql: "SELECT j.owner_id::text, j.attempt_count + 1, j.version::int8, j.provider::text, j.params, j.contract::text
             FROM intent.jobs j
            WHERE j.id = $1 AND j.state = 'pending' AND j.attempt_count < j.max_attempts
@@ -317,12 +317,7 @@ struct Claimed {
     contract: Option<String>,
 }
 
-crate::entry::sql_function!(
-    intent_claim_attempts,
-    pg_finfo_intent_claim_attempts,
-    claim_attempts,
-    c"intent.claim_attempts"
-);
+crate::entry::sql_function!(claim_attempts, claim_attempts);
 
 /// `intent.claim_attempts(providers, worker, lease, max_jobs)`.
 fn claim_attempts(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {

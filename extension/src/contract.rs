@@ -7,7 +7,7 @@
 use crate::entry::{arg, one_row, value};
 use crate::input;
 use crate::jsonb::{CallJsonb, Jsonb};
-use crate::plans::{self, Name, Statement};
+use crate::plans::{self, Statement};
 use crate::refusal::{Answer, Refusal};
 use pgrx::IntoDatum;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
@@ -36,7 +36,7 @@ const MAX_ERRORS: usize = 20;
 /// would need USAGE on the checker's schema for the role running the call. NULL in the
 /// second column with a non-NULL sixth is a checker that no longer exists (or was renamed).
 static CONTRACT: Statement = Statement {
-    name: Name::Contract,
+    name: "Contract",
     sql: "SELECT c.version,
                  (SELECT p.oid
                     FROM pg_catalog.pg_proc p
@@ -53,7 +53,7 @@ static CONTRACT: Statement = Statement {
 
 /// [`CONTRACT`] on the catalog of 0.1.0 (see [`catalog_records_definers`]).
 static CONTRACT_0_1: Statement = Statement {
-    name: Name::Contract0_1,
+    name: "Contract0_1",
     sql: "SELECT version, checker::oid, output_schema, NULL::oid, NULL::oid, checker::text
             FROM intent.contracts WHERE name = $1",
     args: &[pg_sys::TEXTOID],
@@ -84,7 +84,7 @@ fn contract_statement() -> &'static Statement {
 /// definer, nor every caller of validate_result, rights the definer does not have); the
 /// checker's identity, as the contract stores it; whether it is a temporary function.
 static CALLER_MAY_USE: Statement = Statement {
-    name: Name::CallerMayUse,
+    name: "CallerMayUse",
     sql: "SELECT has_function_privilege($2, p.oid, 'EXECUTE'),
                  pg_has_role($2, p.proowner, 'USAGE'),
                  p.proowner::regrole::text,
@@ -101,7 +101,7 @@ static CALLER_MAY_USE: Statement = Statement {
 /// version; defined again unchanged by the same role, it writes nothing. So "redefine the
 /// contract" re-vets a contract whose checker changed owner or whose definer lost rights.
 static UPSERT_CONTRACT: Statement = Statement {
-    name: Name::UpsertContract,
+    name: "UpsertContract",
     sql: "INSERT INTO intent.contracts AS c (name, output_schema, checker, created_at, updated_at,
                                               checker_owner, defined_by)
           VALUES ($1, $2, $3, statement_timestamp(), statement_timestamp(),
@@ -132,7 +132,7 @@ static UPSERT_CONTRACT: Statement = Statement {
 /// of a reference table; the row's new `updated_at` is the statement timestamp the VALUES
 /// already carry (`excluded.updated_at`).
 static UPSERT_CONTRACT_DIST: Statement = Statement {
-    name: Name::UpsertContractDist,
+    name: "UpsertContractDist",
     sql: "INSERT INTO intent.contracts AS c (name, output_schema, checker, created_at, updated_at,
                                               checker_owner, defined_by)
           VALUES ($1, $2, $3, statement_timestamp(), statement_timestamp(),
@@ -155,7 +155,7 @@ static UPSERT_CONTRACT_DIST: Statement = Statement {
 
 /// [`UPSERT_CONTRACT`] on the catalog of 0.1.0 (see [`catalog_records_definers`]).
 static UPSERT_CONTRACT_0_1: Statement = Statement {
-    name: Name::UpsertContract0_1,
+    name: "UpsertContract0_1",
     sql: "INSERT INTO intent.contracts AS c (name, output_schema, checker, created_at, updated_at)
           VALUES ($1, $2, $3::regprocedure, statement_timestamp(), statement_timestamp())
           ON CONFLICT (name) DO UPDATE
@@ -168,7 +168,7 @@ static UPSERT_CONTRACT_0_1: Statement = Statement {
 };
 
 static CERTIFY: Statement = Statement {
-    name: Name::Certify,
+    name: "Certify",
     sql: "INSERT INTO intent.certifications (provider, contract, contract_version, evidence, certified_at, expires_at)
           VALUES ($1, $2, $3, $4, statement_timestamp(), statement_timestamp() + $5)
           RETURNING expires_at",
@@ -177,14 +177,14 @@ static CERTIFY: Statement = Statement {
 
 /// The longest certification is 366 days: evidence gets stale, providers change their models.
 static VALIDITY_OK: Statement = Statement {
-    name: Name::ValidityOk,
+    name: "ValidityOk",
     sql: "SELECT $1 > interval '0'
              AND statement_timestamp() + $1 <= statement_timestamp() + interval '366 days'",
     args: &[pg_sys::INTERVALOID],
 };
 
 static REVOKE: Statement = Statement {
-    name: Name::Revoke,
+    name: "Revoke",
     // Whether there is a current certification is decided by the newest of the pair (the one
     // that counts); when there is, every standing row of the pair is withdrawn, so that nothing
     // of the provider's standing for the contract is left.
@@ -204,7 +204,7 @@ static REVOKE: Statement = Statement {
 
 /// The certification that counts for a failover: the newest for (provider, contract).
 static CERTIFICATION: Statement = Statement {
-    name: Name::Certification,
+    name: "Certification",
     sql: "SELECT c.contract_version, c.expires_at <= statement_timestamp(), c.expires_at::text,
                  c.revoked_at::text, c.revoked_reason, k.version
             FROM intent.certifications c
@@ -427,12 +427,7 @@ pub fn check_certified(
     Ok(())
 }
 
-crate::entry::sql_function!(
-    intent_define_contract,
-    pg_finfo_intent_define_contract,
-    define_contract,
-    c"intent.define_contract"
-);
+crate::entry::sql_function!(define_contract, define_contract);
 
 /// `intent.define_contract(name, output_schema, checker)` → the contract's version.
 ///
@@ -601,12 +596,7 @@ fn check_checker(
     Ok((c.owner, plans::must(&row, 4)))
 }
 
-crate::entry::sql_function!(
-    intent_certify_provider,
-    pg_finfo_intent_certify_provider,
-    certify_provider,
-    c"intent.certify_provider"
-);
+crate::entry::sql_function!(certify_provider, certify_provider);
 
 /// `intent.certify_provider(provider, contract, evidence, valid_for)` → when it expires.
 fn certify_provider(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
@@ -664,12 +654,7 @@ fn certify(
     })
 }
 
-crate::entry::sql_function!(
-    intent_revoke_certification,
-    pg_finfo_intent_revoke_certification,
-    revoke_certification,
-    c"intent.revoke_certification"
-);
+crate::entry::sql_function!(revoke_certification, revoke_certification);
 
 /// `intent.revoke_certification(provider, contract, reason)` → boolean.
 fn revoke_certification(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
@@ -692,12 +677,7 @@ fn revoke(provider: Option<&str>, contract: Option<&str>, reason: Option<&str>) 
     })
 }
 
-crate::entry::sql_function!(
-    intent_validate_result,
-    pg_finfo_intent_validate_result,
-    validate_result_entry,
-    c"intent.validate_result"
-);
+crate::entry::sql_function!(validate_result, validate_result_entry);
 
 /// `intent.validate_result(contract, result)` → `(valid, errors)`.
 fn validate_result_entry(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {

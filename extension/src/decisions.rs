@@ -6,7 +6,7 @@ use crate::entry::{arg, value, void};
 use crate::input;
 use crate::job;
 use crate::jsonb::Jsonb;
-use crate::plans::{self, Name, Statement};
+use crate::plans::{self, Statement};
 use crate::refusal::Answer;
 use crate::refusal::Refusal;
 use crate::state::AttemptState;
@@ -18,7 +18,7 @@ use pgrx::prelude::*;
 /// The gate opens, but the attempt is not forgotten: if it returns, the compare-and-swap decides.
 /// The job is claimable at once (no retry time).
 static ABANDON: Statement = Statement {
-    name: Name::Abandon,
+    name: "Abandon",
     sql: concat!(
         "WITH a AS (
               UPDATE intent.attempts SET state = 'abandoned'
@@ -45,7 +45,7 @@ static ABANDON: Statement = Statement {
 
 /// [`ABANDON`] on the catalog of 0.2.0 (no `retry_at`).
 static ABANDON_0_2: Statement = Statement {
-    name: Name::Abandon0_2,
+    name: "Abandon0_2",
     sql: concat!(
         "WITH a AS (
               UPDATE intent.attempts SET state = 'abandoned'
@@ -72,7 +72,7 @@ static ABANDON_0_2: Statement = Statement {
 
 /// version + 1 makes every attempt still out there lose its compare-and-swap.
 static CANCEL: Statement = Statement {
-    name: Name::Cancel,
+    name: "Cancel",
     sql: concat!(
         "WITH j AS (
               UPDATE intent.jobs SET state = 'cancelled', version = version + 1, updated_at = $4
@@ -98,12 +98,7 @@ static CANCEL: Statement = Statement {
     ],
 };
 
-crate::entry::sql_function!(
-    intent_abandon_attempt,
-    pg_finfo_intent_abandon_attempt,
-    abandon_attempt,
-    c"intent.abandon_attempt"
-);
+crate::entry::sql_function!(abandon_attempt, abandon_attempt);
 
 /// `intent.abandon_attempt(attempt_id, reason)` → void.
 fn abandon_attempt(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
@@ -155,7 +150,7 @@ fn abandon(attempt_id: Option<Uuid>, reason: Option<&str>) -> Answer<()> {
 
 /// The reconciliation already recorded for an attempt, if any (one per attempt).
 static FIND_RECONCILED: Statement = Statement {
-    name: Name::FindReconciled,
+    name: "FindReconciled",
     sql: "SELECT id FROM intent.events
            WHERE job_id = $1 AND attempt_id = $2 AND kind = 'reconciled'
            ORDER BY id LIMIT 1",
@@ -165,7 +160,7 @@ static FIND_RECONCILED: Statement = Statement {
 /// Whether the attempt was ever unknown: its `timeout` event (mark_unknown, or a lapsed lease
 /// persisted). Only such an attempt has anything to reconcile.
 static WAS_UNKNOWN: Statement = Statement {
-    name: Name::WasUnknown,
+    name: "WasUnknown",
     sql: "SELECT 1 FROM intent.events
            WHERE job_id = $1 AND attempt_id = $2 AND kind = 'timeout'
            LIMIT 1",
@@ -177,7 +172,7 @@ static WAS_UNKNOWN: Statement = Statement {
 /// concurrent second one waits, then writes nothing (READ COMMITTED) or fails with 40001
 /// (REPEATABLE READ, SERIALIZABLE), instead of recording a contradicting decision.
 static RECORD_RECONCILED: Statement = Statement {
-    name: Name::RecordReconciled,
+    name: "RecordReconciled",
     sql: "INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
           SELECT a.job_id, a.owner_id, a.id, 'reconciled',
                  jsonb_build_object('decision', $2::text, 'attempt_state', a.state::text,
@@ -205,12 +200,7 @@ const RECONCILED: &[(&str, &[AttemptState])] = &[
     ("abandoned", &[AttemptState::Abandoned]),
 ];
 
-crate::entry::sql_function!(
-    intent_record_reconciliation,
-    pg_finfo_intent_record_reconciliation,
-    record_reconciliation,
-    c"intent.record_reconciliation"
-);
+crate::entry::sql_function!(record_reconciliation, record_reconciliation);
 
 /// `intent.record_reconciliation(attempt_id, decision, evidence)` → bigint (the event id).
 fn record_reconciliation(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
@@ -322,12 +312,7 @@ fn reconciled(
     })
 }
 
-crate::entry::sql_function!(
-    intent_cancel_job,
-    pg_finfo_intent_cancel_job,
-    cancel_job,
-    c"intent.cancel_job"
-);
+crate::entry::sql_function!(cancel_job, cancel_job);
 
 /// `intent.cancel_job(job_id, reason)` → boolean.
 fn cancel_job(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {

@@ -130,7 +130,7 @@ pub fn job_of(attempt_id: pgrx::Uuid) -> pgrx::Uuid {
 // call's transaction, after the call has locked the job row.
 
 use crate::jsonb::Jsonb;
-use crate::plans::{self, Name, Statement};
+use crate::plans::{self, Statement};
 use crate::state::{lapsed_sql, live_sql, open_attempt_states_sql, open_job_states_sql};
 use pgrx::Uuid;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
@@ -138,7 +138,7 @@ use pgrx::spi::SpiClient;
 
 /// job.rs READ_ATTEMPT, with the attempt's job id ($2).
 pub static READ_ATTEMPT: Statement = Statement {
-    name: Name::ReadAttemptDist,
+    name: "ReadAttemptDist",
     sql: concat!(
         "SELECT state::text, version_read, error->>'kind', ",
         lapsed_sql!(),
@@ -150,14 +150,14 @@ pub static READ_ATTEMPT: Statement = Statement {
 /// The job's facts a logged event records, read (the job row is locked) before the event is
 /// written: Citus would run `INSERT … SELECT … FROM intent.jobs` through the coordinator.
 static JOB_FACTS: Statement = Statement {
-    name: Name::JobFactsDist,
+    name: "JobFactsDist",
     sql: "SELECT owner_id::text, state::text, version::int8, completed_by FROM intent.jobs WHERE id = $1",
     args: &[pg_sys::UUIDOID],
 };
 
 /// Whether the job's log has an event of this kind for this attempt.
 static LOGGED: Statement = Statement {
-    name: Name::LoggedDist,
+    name: "LoggedDist",
     sql: "SELECT EXISTS (SELECT 1 FROM intent.events
                           WHERE job_id = $1 AND attempt_id = $2 AND kind = $3)",
     args: &[pg_sys::UUIDOID, pg_sys::UUIDOID, pg_sys::TEXTOID],
@@ -165,7 +165,7 @@ static LOGGED: Statement = Statement {
 
 /// begin.rs START_ATTEMPT, first half: the attempt, at the call's instant ($9).
 static INSERT_ATTEMPT: Statement = Statement {
-    name: Name::InsertAttemptDist,
+    name: "InsertAttemptDist",
     sql: "INSERT INTO intent.attempts
                  (id, job_id, owner_id, attempt_no, provider, state, version_read, worker, lease, started_at, deadline)
           VALUES ($1, $2, $3, $4, $5, 'started', $6, $7, $8, $9, $9 + $8)
@@ -185,7 +185,7 @@ static INSERT_ATTEMPT: Statement = Statement {
 
 /// begin.rs START_ATTEMPT, second half: the job runs.
 static MARK_RUNNING: Statement = Statement {
-    name: Name::MarkRunningDist,
+    name: "MarkRunningDist",
     sql: "UPDATE intent.jobs SET state = 'running', attempt_count = $2, retry_at = NULL,
                                  updated_at = $3
            WHERE id = $1",
@@ -233,7 +233,7 @@ pub fn start_attempt(
 /// job.rs SETTLE_LAPSED and lease.rs MARK_UNKNOWN, first part: the attempt becomes unknown
 /// (`$3`: only when lapsed).
 static ATTEMPT_UNKNOWN: Statement = Statement {
-    name: Name::AttemptUnknownDist,
+    name: "AttemptUnknownDist",
     sql: concat!(
         "UPDATE intent.attempts SET state = 'unknown'
           WHERE id = $1 AND job_id = $2 AND state = 'started' AND (NOT $3 OR ",
@@ -246,7 +246,7 @@ static ATTEMPT_UNKNOWN: Statement = Statement {
 
 /// Second part: a running job becomes unknown.
 static JOB_UNKNOWN: Statement = Statement {
-    name: Name::JobUnknownDist,
+    name: "JobUnknownDist",
     sql: "UPDATE intent.jobs SET state = 'unknown', updated_at = $2
            WHERE id = $1 AND state = 'running'",
     args: &[pg_sys::UUIDOID, pg_sys::TIMESTAMPTZOID],
@@ -257,7 +257,7 @@ static JOB_UNKNOWN: Statement = Statement {
 macro_rules! event_statement {
     ($name:ident, $kind:literal, $detail:literal, [$($arg:expr),*]) => {
         Statement {
-            name: Name::$name,
+            name: stringify!($name),
             sql: concat!(
                 "INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail) VALUES ($1, $2, $3, '",
                 $kind,
@@ -330,7 +330,7 @@ static EVENT_RESULT_AFTER_FAILURE: Statement = event_statement!(
 );
 
 static EVENT_VIOLATION: Statement = Statement {
-    name: Name::EventViolationDist,
+    name: "EventViolationDist",
     sql: "INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
           VALUES ($1, $2, $3, 'contract_violation', $4::jsonb || jsonb_build_object('job_state', $5::text))
           RETURNING detail - 'job_state'",
@@ -442,7 +442,7 @@ pub fn mark_unknown(client: &mut SpiClient<'_>, attempt_id: Uuid, reason: Option
 
 /// lease.rs HEARTBEAT, with the job id ($3) on both tables.
 pub static HEARTBEAT: Statement = Statement {
-    name: Name::HeartbeatDist,
+    name: "HeartbeatDist",
     sql: concat!(
         "UPDATE intent.attempts a
              SET deadline = greatest(a.deadline, $4 + coalesce($2, a.lease))
@@ -461,7 +461,7 @@ pub static HEARTBEAT: Statement = Statement {
 };
 
 static ABANDON_ATTEMPT: Statement = Statement {
-    name: Name::AbandonAttemptDist,
+    name: "AbandonAttemptDist",
     sql: concat!(
         "UPDATE intent.attempts SET state = 'abandoned'
           WHERE id = $1 AND job_id = $2 AND state IN ",
@@ -472,7 +472,7 @@ static ABANDON_ATTEMPT: Statement = Statement {
 };
 
 static JOB_PENDING: Statement = Statement {
-    name: Name::JobPendingDist,
+    name: "JobPendingDist",
     sql: "UPDATE intent.jobs SET state = 'pending', retry_at = NULL, updated_at = $2
            WHERE id = $1 AND state IN ('running', 'unknown')",
     args: &[pg_sys::UUIDOID, pg_sys::TIMESTAMPTZOID],
@@ -515,7 +515,7 @@ pub fn abandon(
 }
 
 static CANCEL_JOB: Statement = Statement {
-    name: Name::CancelJobDist,
+    name: "CancelJobDist",
     sql: concat!(
         "UPDATE intent.jobs SET state = 'cancelled', version = version + 1, updated_at = $2
           WHERE id = $1 AND state IN ",
@@ -526,7 +526,7 @@ static CANCEL_JOB: Statement = Statement {
 };
 
 static OPEN_ATTEMPT_ID: Statement = Statement {
-    name: Name::OpenAttemptIdDist,
+    name: "OpenAttemptIdDist",
     sql: concat!(
         "SELECT id FROM intent.attempts WHERE job_id = $1 AND state IN ",
         open_attempt_states_sql!()
@@ -569,7 +569,7 @@ pub fn cancel(
 }
 
 static WIN: Statement = Statement {
-    name: Name::WinDist,
+    name: "WinDist",
     sql: concat!(
         "UPDATE intent.jobs
             SET state = 'succeeded', result = $3, completed_by = $1, version = version + 1,
@@ -588,7 +588,7 @@ static WIN: Statement = Statement {
 };
 
 static ATTEMPT_RETURNED: Statement = Statement {
-    name: Name::AttemptReturnedDist,
+    name: "AttemptReturnedDist",
     sql: "UPDATE intent.attempts
              SET state = $3::text::intent.attempt_state, result = $4, finished_at = $5
            WHERE id = $1 AND job_id = $2",
@@ -736,7 +736,7 @@ pub fn log_late_failure(
 
 /// finish.rs FAIL_ATTEMPT, with the job id ($4).
 pub static FAIL_ATTEMPT: Statement = Statement {
-    name: Name::FailAttemptDist,
+    name: "FailAttemptDist",
     sql: "UPDATE intent.attempts SET state = 'failed', error = $2, result = $3, finished_at = $5
            WHERE id = $1 AND job_id = $4",
     args: &[
@@ -750,7 +750,7 @@ pub static FAIL_ATTEMPT: Statement = Statement {
 
 /// finish.rs FAIL_JOB, returning no expression Citus would have to evaluate on the worker.
 pub static FAIL_JOB: Statement = Statement {
-    name: Name::FailJobDist,
+    name: "FailJobDist",
     sql: concat!(
         "UPDATE intent.jobs
              SET state = 'failed', error = $3, completed_by = $1, version = version + 1,
@@ -773,7 +773,7 @@ pub static FAIL_JOB: Statement = Statement {
 /// claimable at once read from its own columns (Citus refuses statement_timestamp() in
 /// RETURNING; updated_at is the call's instant, $5).
 pub static REOPEN_JOB: Statement = Statement {
-    name: Name::ReopenJobDist,
+    name: "ReopenJobDist",
     sql: "UPDATE intent.jobs j SET state = 'pending', updated_at = $5,
                  retry_at = $5 + coalesce($2, make_interval(secs => least($4,
                      $3 * power(2, least(30, greatest(0, (SELECT count(*) FROM intent.attempts a
@@ -793,7 +793,7 @@ pub static REOPEN_JOB: Statement = Statement {
 /// id: Citus refuses the single-node `INSERT … SELECT … FROM intent.attempts` under row-level
 /// security. The owner and the attempt's state are read by the caller (the job row is locked).
 static RECORD_RECONCILED: Statement = Statement {
-    name: Name::RecordReconciledDist,
+    name: "RecordReconciledDist",
     sql: "INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
           VALUES ($1, $2, $3, 'reconciled',
                   jsonb_build_object('decision', $4::text, 'attempt_state', $5::text,

@@ -21,20 +21,32 @@ use std::ffi::{CString, c_char, c_int};
 /// The version-1 calling convention record every C function must expose.
 pub static V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
 
-/// Declares a SQL-callable C function `$name` that runs `$body` through [`call`]; `$sql` is
-/// the SQL function's name, which the server log gives as the refusal's location.
+/// Declares the C function behind SQL function `intent.$name` (`sql/api.sql` declares it with
+/// symbol `intent_$name`): it runs `$body` through [`call`]. The SQL name, which the server log
+/// gives as a refusal's location, is `intent.$name` unless given.
 macro_rules! sql_function {
-    ($name:ident, $finfo:ident, $body:path, $sql:literal) => {
-        #[unsafe(no_mangle)]
-        pub extern "C" fn $finfo() -> &'static ::pgrx::pg_sys::Pg_finfo_record {
-            &$crate::entry::V1
-        }
+    ($name:ident, $body:path) => {
+        $crate::entry::sql_function!($name, $body, concat!("intent.", stringify!($name)));
+    };
+    ($name:ident, $body:path, $sql:expr) => {
+        ::paste::paste! {
+            #[unsafe(no_mangle)]
+            pub extern "C" fn [<pg_finfo_intent_ $name>]() -> &'static ::pgrx::pg_sys::Pg_finfo_record {
+                &$crate::entry::V1
+            }
 
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C-unwind" fn $name(
-            fcinfo: ::pgrx::pg_sys::FunctionCallInfo,
-        ) -> ::pgrx::pg_sys::Datum {
-            unsafe { $crate::entry::call(fcinfo, $body, $sql) }
+            #[unsafe(no_mangle)]
+            pub unsafe extern "C-unwind" fn [<intent_ $name>](
+                fcinfo: ::pgrx::pg_sys::FunctionCallInfo,
+            ) -> ::pgrx::pg_sys::Datum {
+                const SQL: &::std::ffi::CStr = match ::std::ffi::CStr::from_bytes_with_nul(
+                    concat!($sql, "\0").as_bytes(),
+                ) {
+                    Ok(name) => name,
+                    Err(_) => panic!("a SQL name has no NUL"),
+                };
+                unsafe { $crate::entry::call(fcinfo, $body, SQL) }
+            }
         }
     };
 }
@@ -107,7 +119,7 @@ impl Call {
             .hint("Call pg_intent from ordinary statements only."));
         }
         // The distributed mode: nothing Citus would replay on this call's connections.
-        crate::replay::before_call()?;
+        crate::citus_guard::before_call()?;
         let security = security_context();
         CALLER_MEMORY.with_borrow_mut(|stack| stack.push(unsafe { pg_sys::CurrentMemoryContext }));
         Ok(Call {

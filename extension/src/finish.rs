@@ -9,7 +9,7 @@ use crate::entry::{arg, enum_value, result_type};
 use crate::input;
 use crate::job::{self, Attempt, Job};
 use crate::jsonb::Jsonb;
-use crate::plans::{self, Name, Statement};
+use crate::plans::{self, Statement};
 use crate::refusal::Answer;
 use crate::state::{AttemptState, JobState, open_job_states_sql};
 use pg_intent_protocol::Completion;
@@ -21,7 +21,7 @@ use pgrx::spi::SpiClient;
 
 /// The compare-and-swap, the attempt's own outcome and, when it lost, the logged race.
 static COMPLETE: Statement = Statement {
-    name: Name::Complete,
+    name: "Complete",
     sql: concat!(
         "WITH won AS (
               UPDATE intent.jobs
@@ -60,7 +60,7 @@ static COMPLETE: Statement = Statement {
 /// A result for an attempt that had already failed definitely: it cannot become the job's
 /// outcome, and the attempt keeps its recorded failure; the result is kept in the log.
 static LOG_RESULT_AFTER_FAILURE: Statement = Statement {
-    name: Name::LogResultAfterFailure,
+    name: "LogResultAfterFailure",
     sql: "INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
           SELECT j.id, j.owner_id, $1, 'late_result',
                  jsonb_build_object('attempt_state', 'failed', 'result', $3, 'presented_version', $4,
@@ -74,7 +74,7 @@ static LOG_RESULT_AFTER_FAILURE: Statement = Statement {
 
 /// Records a definite failure on the attempt; a rejected result stays on its own row.
 static FAIL_ATTEMPT: Statement = Statement {
-    name: Name::FailAttempt,
+    name: "FailAttempt",
     sql: "UPDATE intent.attempts SET state = 'failed', error = $2, result = $3, finished_at = $4
            WHERE id = $1",
     args: &[
@@ -87,7 +87,7 @@ static FAIL_ATTEMPT: Statement = Statement {
 
 /// A result that broke the job's contract, logged with the validation errors.
 static LOG_VIOLATION: Statement = Statement {
-    name: Name::LogViolation,
+    name: "LogViolation",
     sql: "INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
           SELECT j.id, j.owner_id, $1, 'contract_violation', $3::jsonb || jsonb_build_object('job_state', $4::text)
             FROM intent.jobs j WHERE j.id = $2
@@ -97,7 +97,7 @@ static LOG_VIOLATION: Statement = Statement {
 
 /// The final failure of the job, by the same compare-and-swap as a win.
 static FAIL_JOB: Statement = Statement {
-    name: Name::FailJob,
+    name: "FailJob",
     sql: concat!(
         "UPDATE intent.jobs
              SET state = 'failed', error = $3, completed_by = $1, version = version + 1,
@@ -122,7 +122,7 @@ static FAIL_JOB: Statement = Statement {
 /// exponent stops at 30, where any sane maximum has long been reached). Answers whether the job
 /// is claimable at once.
 static REOPEN_JOB: Statement = Statement {
-    name: Name::ReopenJob,
+    name: "ReopenJob",
     // $3 and $4: the settings in seconds, each checked to at most 30 days, so the product is at
     // most 30 days × 2^30 seconds, which a double holds exactly enough, and the delay at most
     // 30 days, which an interval holds.
@@ -143,7 +143,7 @@ static REOPEN_JOB: Statement = Statement {
 
 /// [`REOPEN_JOB`] on the catalog of 0.2.0 (no `retry_at`: claimable at once).
 static REOPEN_JOB_0_2: Statement = Statement {
-    name: Name::ReopenJob0_2,
+    name: "ReopenJob0_2",
     sql: "UPDATE intent.jobs SET state = 'pending', updated_at = $2
            WHERE id = $1 AND state IN ('running', 'unknown')
           RETURNING true",
@@ -152,7 +152,7 @@ static REOPEN_JOB_0_2: Statement = Statement {
 
 /// A failure that arrived after the job's outcome was decided.
 static LOG_LATE_FAILURE: Statement = Statement {
-    name: Name::LogLateFailure,
+    name: "LogLateFailure",
     sql: "INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
           SELECT j.id, j.owner_id, $1, 'late_failure',
                  jsonb_build_object('error', $3, 'attempt_state', $4::text, 'job_state', j.state,
@@ -169,12 +169,7 @@ static LOG_LATE_FAILURE: Statement = Statement {
     ],
 };
 
-crate::entry::sql_function!(
-    intent_complete_attempt,
-    pg_finfo_intent_complete_attempt,
-    complete_attempt,
-    c"intent.complete_attempt"
-);
+crate::entry::sql_function!(complete_attempt, complete_attempt);
 
 /// `intent.complete_attempt(attempt_id, version, result)` → `intent.completion`.
 fn complete_attempt(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
@@ -270,12 +265,7 @@ fn complete(
     })
 }
 
-crate::entry::sql_function!(
-    intent_fail_attempt,
-    pg_finfo_intent_fail_attempt,
-    fail_attempt,
-    c"intent.fail_attempt"
-);
+crate::entry::sql_function!(fail_attempt, fail_attempt);
 
 /// `intent.fail_attempt(attempt_id, version, error, retryable, retry_after)` →
 /// `intent.job_state`.

@@ -7,7 +7,7 @@
 //! held: under READ COMMITTED that statement's fresh snapshot sees whatever the previous lock
 //! holder committed.
 
-use crate::plans::{self, Name, Statement};
+use crate::plans::{self, Statement};
 use crate::refusal::{Answer, Refusal, no_such_attempt, no_such_job};
 use crate::state::{self, AttemptState, JobState, lapsed_sql, open_attempt_states_sql};
 use pgrx::Uuid;
@@ -15,7 +15,7 @@ use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
 
 static LOCK_JOB: Statement = Statement {
-    name: Name::LockJob,
+    name: "LockJob",
     sql: "SELECT state::text, version, provider, contract, max_attempts, attempt_count, owner_id, completed_by
             FROM intent.jobs WHERE id = $1 FOR NO KEY UPDATE",
     args: &[pg_sys::UUIDOID],
@@ -26,14 +26,14 @@ static LOCK_JOB: Statement = Statement {
 /// owner in the statement a bound call would lock (and wait for) another owner's row before
 /// refusing, and how long it waited would tell that the job exists.
 static LOCK_JOB_DIST: Statement = Statement {
-    name: Name::LockJobDist,
+    name: "LockJobDist",
     sql: "SELECT state::text, version, provider, contract, max_attempts, attempt_count, owner_id, completed_by
             FROM intent.jobs WHERE id = $1 AND ($2::text IS NULL OR owner_id = $2::text) FOR NO KEY UPDATE",
     args: &[pg_sys::UUIDOID, pg_sys::TEXTOID],
 };
 
 static READ_ATTEMPT: Statement = Statement {
-    name: Name::ReadAttempt,
+    name: "ReadAttempt",
     sql: concat!(
         "SELECT state::text, version_read, error->>'kind', ",
         lapsed_sql!(),
@@ -49,7 +49,7 @@ static READ_ATTEMPT: Statement = Statement {
 /// where IJ002 is right). Not KEY SHARE: that lock is compatible with the heartbeat's update,
 /// which changes no key, and would be granted on the stale row version.
 static OPEN_ATTEMPT: Statement = Statement {
-    name: Name::OpenAttempt,
+    name: "OpenAttempt",
     sql: concat!(
         "SELECT id, attempt_no, state::text, ",
         lapsed_sql!(),
@@ -65,7 +65,7 @@ static OPEN_ATTEMPT: Statement = Statement {
 /// unknown, logging the timeout. Does nothing when the attempt is not started or still within
 /// its lease.
 static SETTLE_LAPSED: Statement = Statement {
-    name: Name::SettleLapsed,
+    name: "SettleLapsed",
     sql: concat!(
         "WITH a AS (
               UPDATE intent.attempts SET state = 'unknown'

@@ -7,7 +7,7 @@
 use crate::entry::{arg, value, void};
 use crate::input;
 use crate::job;
-use crate::plans::{self, Name, Statement};
+use crate::plans::{self, Statement};
 use crate::refusal::Answer;
 use crate::state::{AttemptState, lapsed_sql, live_sql, past_deadline_sql};
 use pgrx::Uuid;
@@ -17,7 +17,7 @@ use pgrx::prelude::*;
 
 /// The caller's own timeout fired: started → unknown, and the job with it.
 static MARK_UNKNOWN: Statement = Statement {
-    name: Name::MarkUnknown,
+    name: "MarkUnknown",
     // `a` holds the rows as updated (state unknown), so the deadline alone says whether the
     // lease had run out as well.
     sql: concat!(
@@ -43,7 +43,7 @@ static MARK_UNKNOWN: Statement = Statement {
 /// instant ($3): a lease that lapsed before it is not revived. Only a started attempt within its lease,
 /// whose job is still running, can be extended: anything else tells the worker to stop.
 static HEARTBEAT: Statement = Statement {
-    name: Name::Heartbeat,
+    name: "Heartbeat",
     sql: concat!(
         "UPDATE intent.attempts a
              SET deadline = greatest(a.deadline, $3 + coalesce($2, a.lease))
@@ -58,7 +58,7 @@ static HEARTBEAT: Statement = Statement {
 
 /// Attempts whose lease ran out, for sweep. Cross-job by nature: maintenance only.
 static LAPSED_ATTEMPTS: Statement = Statement {
-    name: Name::LapsedAttempts,
+    name: "LapsedAttempts",
     sql: concat!(
         "SELECT id, job_id FROM intent.attempts WHERE ",
         lapsed_sql!(),
@@ -70,7 +70,7 @@ static LAPSED_ATTEMPTS: Statement = Statement {
 /// [`LAPSED_ATTEMPTS`] in the distributed mode: the policies run on the workers, which do not
 /// know the session's binding, so a bound session's owner ($1) is named here.
 static LAPSED_ATTEMPTS_DIST: Statement = Statement {
-    name: Name::LapsedAttemptsDist,
+    name: "LapsedAttemptsDist",
     sql: concat!(
         "SELECT id, job_id FROM intent.attempts WHERE ",
         lapsed_sql!(),
@@ -81,17 +81,12 @@ static LAPSED_ATTEMPTS_DIST: Statement = Statement {
 
 /// Sweep never waits for a busy job: whoever holds it will apply the deadline rule anyway.
 static TRY_LOCK_JOB: Statement = Statement {
-    name: Name::TryLockJob,
+    name: "TryLockJob",
     sql: "SELECT 1 FROM intent.jobs WHERE id = $1 FOR NO KEY UPDATE SKIP LOCKED",
     args: &[pg_sys::UUIDOID],
 };
 
-crate::entry::sql_function!(
-    intent_mark_unknown,
-    pg_finfo_intent_mark_unknown,
-    mark_unknown_entry,
-    c"intent.mark_unknown"
-);
+crate::entry::sql_function!(mark_unknown, mark_unknown_entry);
 
 /// `intent.mark_unknown(attempt_id, reason)` → void.
 fn mark_unknown_entry(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
@@ -120,12 +115,7 @@ fn mark_unknown(attempt_id: Option<Uuid>, reason: Option<&str>) -> Answer<()> {
     })
 }
 
-crate::entry::sql_function!(
-    intent_heartbeat,
-    pg_finfo_intent_heartbeat,
-    heartbeat_entry,
-    c"intent.heartbeat"
-);
+crate::entry::sql_function!(heartbeat, heartbeat_entry);
 
 /// `intent.heartbeat(attempt_id, extend)` → boolean.
 fn heartbeat_entry(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
@@ -171,12 +161,7 @@ fn heartbeat(attempt_id: Option<Uuid>, extend: Option<Interval>) -> Answer<bool>
     })
 }
 
-crate::entry::sql_function!(
-    intent_sweep,
-    pg_finfo_intent_sweep,
-    sweep_entry,
-    c"intent.sweep"
-);
+crate::entry::sql_function!(sweep, sweep_entry);
 
 /// `intent.sweep()` → bigint.
 fn sweep_entry(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {

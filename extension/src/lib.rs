@@ -31,12 +31,13 @@ pub extern "C-unwind" fn _PG_init() {
     purge::register();
     claim::register();
     dist::register();
-    replay::register();
+    citus_guard::register();
 }
 
 mod batch;
 mod begin;
 mod checker;
+mod citus_guard;
 mod claim;
 mod clock;
 mod contract;
@@ -54,7 +55,6 @@ mod owner;
 mod plans;
 mod purge;
 mod refusal;
-mod replay;
 mod schema;
 mod state;
 mod submit;

@@ -488,7 +488,7 @@ pub unsafe fn binds_or_begins(stmt: *mut pg_sys::Node) -> bool {
         )
 }
 
-/// For every utility statement (the utility hook, `replay.rs`): applies [`refused_change`] to
+/// For every utility statement (the utility hook, `citus_guard.rs`): applies [`refused_change`] to
 /// `RESET intent.owner_id` and `SET intent.owner_id TO DEFAULT`, which PostgreSQL carries out
 /// without the check hook (it puts the reset value back directly).
 ///

@@ -10,169 +10,58 @@ use pgrx::pg_sys::{self, PgOid};
 use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiTupleTable};
 use pgrx::{FromDatum, IntoDatum};
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::ffi::CStr;
 use std::rc::Rc;
 
-/// Every statement of the protocol, by name: its position in the per-backend plan cache, and
-/// how panics and logs name it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(non_camel_case_types)]
-pub enum Name {
-    // batch.rs
-    FindJobs,
-    InsertJobs,
-    DefinedContracts,
-    // begin.rs
-    StartAttempt,
-    /// `StartAttempt` on the catalog of 0.2.0.
-    StartAttempt0_2,
-    // claim.rs
-    Claim,
-    /// `Claim` for a session bound to an owner, naming it.
-    ClaimBound,
-    // contract.rs
-    Contract,
-    CallerMayUse,
-    UpsertContract,
-    Certify,
-    ValidityOk,
-    Revoke,
-    Certification,
-    /// `Contract` on the catalog of 0.1.0.
-    Contract0_1,
-    /// `UpsertContract` on the catalog of 0.1.0.
-    UpsertContract0_1,
-    // decisions.rs
-    Abandon,
-    /// `Abandon` on the catalog of 0.2.0.
-    Abandon0_2,
-    Cancel,
-    FindReconciled,
-    WasUnknown,
-    RecordReconciled,
-    /// `RecordReconciled` in the distributed mode: `INSERT … VALUES`, routed by the job id.
-    RecordReconciledDist,
-    // finish.rs
-    Complete,
-    LogResultAfterFailure,
-    FailAttempt,
-    LogViolation,
-    FailJob,
-    ReopenJob,
-    /// `ReopenJob` on the catalog of 0.2.0.
-    ReopenJob0_2,
-    LogLateFailure,
-    // job.rs
-    LockJob,
-    ReadAttempt,
-    OpenAttempt,
-    SettleLapsed,
-    // lease.rs
-    MarkUnknown,
-    Heartbeat,
-    LapsedAttempts,
-    /// `LapsedAttempts` in the distributed mode, naming the bound owner.
-    LapsedAttemptsDist,
-    TryLockJob,
-    // purge.rs
-    RetentionOk,
-    PurgeBatch,
-    // submit.rs
-    InsertJob,
-    RunningLapsed,
-    // dist.rs (the distributed mode), submit.rs, claim.rs and purge.rs in that mode
-    FindJobDist,
-    LockJobDist,
-    FirstVersionDist,
-    ReadAttemptDist,
-    JobFactsDist,
-    LoggedDist,
-    InsertAttemptDist,
-    MarkRunningDist,
-    AttemptUnknownDist,
-    JobUnknownDist,
-    EventLapsedDist,
-    EventCallerTimeoutDist,
-    EventAbandonedDist,
-    EventCancelledDist,
-    EventLostDist,
-    EventResultAfterFailureDist,
-    EventViolationDist,
-    EventLateFailureDist,
-    HeartbeatDist,
-    AbandonAttemptDist,
-    JobPendingDist,
-    CancelJobDist,
-    OpenAttemptIdDist,
-    WinDist,
-    AttemptReturnedDist,
-    FailAttemptDist,
-    FailJobDist,
-    ReopenJobDist,
-    ClaimCandidatesDist,
-    ClaimLockDist,
-    PurgeCandidatesDist,
-    PurgeLockDist,
-    PurgeEventsDist,
-    PurgeJobDist,
-    RetireDist,
-    UpsertContractDist,
-}
-
-impl Name {
-    /// How many statements there are.
-    pub const COUNT: usize = Name::UpsertContractDist as usize + 1;
-}
-
-/// One SQL statement of the protocol, with the types of its parameters.
+/// One SQL statement of the protocol, with the types of its parameters: a `static` beside the
+/// code that runs it. There is no list of statements to keep in step: a statement's plan is
+/// cached under the statement's own address, the first time it runs in a backend.
 pub struct Statement {
-    pub name: Name,
+    /// How panics and logs name it.
+    pub name: &'static str,
     pub sql: &'static str,
     pub args: &'static [pg_sys::Oid],
 }
 
-/// The cache's size, per mode.
-const SLOTS: usize = Name::COUNT;
-
 thread_local! {
-    /// Plans built with the owner isolation policies applied (the first SLOTS), and without them
-    /// for sessions not bound to an owner (the next SLOTS, see entry.rs). PostgreSQL's plan
-    /// cache does not tell the two apart, so a plan must never cross from one to the other.
-    static CACHE: RefCell<Vec<Option<Rc<OwnedPreparedStatement>>>> =
-        RefCell::new((0..2 * SLOTS).map(|_| None).collect());
+    /// Kept plans by statement (its address) and by whether they were built with the owner
+    /// isolation policies applied (false) or without them for sessions not bound to an owner
+    /// (true, see entry.rs). PostgreSQL's plan cache does not tell the two apart, so a plan
+    /// must never cross from one to the other.
+    static CACHE: RefCell<HashMap<(usize, bool), Rc<OwnedPreparedStatement>>> =
+        RefCell::new(HashMap::new());
 }
 
-fn plan(client: &SpiClient<'_>, stmt: &Statement) -> Rc<OwnedPreparedStatement> {
+fn plan(client: &SpiClient<'_>, stmt: &'static Statement) -> Rc<OwnedPreparedStatement> {
     // SAFETY: reads the backend's security context.
-    let slot = if unsafe { pg_sys::InNoForceRLSOperation() } {
-        SLOTS + stmt.name as usize
-    } else {
-        stmt.name as usize
-    };
-    if let Some(plan) = CACHE.with_borrow(|cache| cache[slot].clone()) {
+    let slot = (std::ptr::from_ref(stmt) as usize, unsafe {
+        pg_sys::InNoForceRLSOperation()
+    });
+    if let Some(plan) = CACHE.with_borrow(|cache| cache.get(&slot).cloned()) {
         return plan;
     }
     let types: Vec<PgOid> = stmt.args.iter().map(|oid| PgOid::from(*oid)).collect();
     let plan = Rc::new(
         client
             .prepare_mut(stmt.sql, &types)
-            .unwrap_or_else(|e| panic!("pg_intent: cannot prepare statement {:?}: {e}", stmt.name))
+            .unwrap_or_else(|e| panic!("pg_intent: cannot prepare statement {}: {e}", stmt.name))
             .keep(),
     );
-    CACHE.with_borrow_mut(|cache| cache[slot] = Some(plan.clone()));
+    CACHE.with_borrow_mut(|cache| cache.insert(slot, plan.clone()));
     plan
 }
 
 /// Runs a protocol statement and returns its rows.
 pub fn run<'conn>(
     client: &mut SpiClient<'conn>,
-    stmt: &Statement,
+    stmt: &'static Statement,
     args: &[DatumWithOid<'_>],
 ) -> SpiTupleTable<'conn> {
     let plan = plan(client, stmt);
     client
         .update(&*plan, None, args)
-        .unwrap_or_else(|e| panic!("pg_intent: statement {:?} failed: {e}", stmt.name))
+        .unwrap_or_else(|e| panic!("pg_intent: statement {} failed: {e}", stmt.name))
 }
 
 /// [`run`] with the statement's generic plan (`plan_cache_mode = force_generic_plan` for this
@@ -185,7 +74,7 @@ pub fn run<'conn>(
 /// rows even though the plan then reads none of them (0.1 → 0.4 ms with 400,000 of them).
 pub fn run_generic<'conn>(
     client: &mut SpiClient<'conn>,
-    stmt: &Statement,
+    stmt: &'static Statement,
     args: &[DatumWithOid<'_>],
     settings: &[(&CStr, &CStr)],
 ) -> SpiTupleTable<'conn> {

@@ -8,7 +8,7 @@
 
 use crate::entry::{arg, value};
 use crate::input;
-use crate::plans::{self, Name, Statement};
+use crate::plans::{self, Statement};
 use crate::refusal::{Answer, Refusal};
 use pgrx::datum::Interval;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
@@ -35,7 +35,7 @@ pub fn register() {
 
 /// Parses and checks the retention: positive, given or from the setting.
 static RETENTION_OK: Statement = Statement {
-    name: Name::RetentionOk,
+    name: "RetentionOk",
     sql: "SELECT r, r > interval '0' FROM (SELECT coalesce($1, nullif($2, '')::interval) AS r) s",
     args: &[pg_sys::INTERVALOID, pg_sys::TEXTOID],
 };
@@ -43,7 +43,7 @@ static RETENTION_OK: Statement = Statement {
 /// One batch: the oldest finished jobs past the retention that nobody is working on right now
 /// (SKIP LOCKED), with their events; attempts go with their job (ON DELETE CASCADE).
 static PURGE_BATCH: Statement = Statement {
-    name: Name::PurgeBatch,
+    name: "PurgeBatch",
     sql: "WITH doomed AS (
               SELECT id FROM intent.jobs
                WHERE created_at < statement_timestamp() - $1
@@ -71,7 +71,7 @@ static PURGE_BATCH: Statement = Statement {
 /// on the workers, which do not know the session's binding: a bound session's owner ($3) is
 /// named here.
 static CANDIDATES_DIST: Statement = Statement {
-    name: Name::PurgeCandidatesDist,
+    name: "PurgeCandidatesDist",
     sql: "SELECT id FROM intent.jobs
            WHERE created_at < statement_timestamp() - $1
              AND updated_at < statement_timestamp() - $1
@@ -85,7 +85,7 @@ static CANDIDATES_DIST: Statement = Statement {
 /// Distributed, each candidate on its own shard: the same conditions read again under the lock,
 /// skipped if another transaction holds it.
 static LOCK_DIST: Statement = Statement {
-    name: Name::PurgeLockDist,
+    name: "PurgeLockDist",
     sql: "SELECT version::int8 FROM intent.jobs
            WHERE id = $1
              AND created_at < statement_timestamp() - $2
@@ -97,20 +97,20 @@ static LOCK_DIST: Statement = Statement {
 };
 
 static EVENTS_DIST: Statement = Statement {
-    name: Name::PurgeEventsDist,
+    name: "PurgeEventsDist",
     sql: "DELETE FROM intent.events WHERE job_id = $1",
     args: &[pg_sys::UUIDOID],
 };
 
 /// Its attempts go with it (ON DELETE CASCADE, on the same shard).
 static JOB_DIST: Statement = Statement {
-    name: Name::PurgeJobDist,
+    name: "PurgeJobDist",
     sql: "DELETE FROM intent.jobs WHERE id = $1",
     args: &[pg_sys::UUIDOID],
 };
 
 static RETIRE_DIST: Statement = Statement {
-    name: Name::RetireDist,
+    name: "RetireDist",
     sql: "INSERT INTO intent.retired_keys (id, version, retired_at)
           VALUES ($1, $2, statement_timestamp())
           ON CONFLICT (id) DO UPDATE SET version = excluded.version, retired_at = excluded.retired_at",
@@ -150,12 +150,7 @@ fn purge_dist(client: &mut pgrx::spi::SpiClient<'_>, retention: Interval, batch_
     purged
 }
 
-crate::entry::sql_function!(
-    intent_purge,
-    pg_finfo_intent_purge,
-    purge_entry,
-    c"intent.purge"
-);
+crate::entry::sql_function!(purge, purge_entry);
 
 /// `intent.purge(older_than, batch_size)` → bigint.
 fn purge_entry(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {

@@ -3,7 +3,7 @@
 use crate::entry::{arg, enum_value, one_row};
 use crate::input;
 use crate::jsonb::Jsonb;
-use crate::plans::{self, Name, Statement};
+use crate::plans::{self, Statement};
 use crate::refusal::{self, Answer};
 use crate::state::{JobState, lapsed_sql};
 use pg_intent_protocol::FingerprintField;
@@ -19,7 +19,7 @@ use pgrx::spi::SpiClient;
 /// primary key too (the id is derived from the key), and a collision on a unique index that is
 /// not an arbiter is an error (23505), not a "do nothing".
 static INSERT_JOB: Statement = Statement {
-    name: Name::InsertJob,
+    name: "InsertJob",
     // $8, the first version, is above the last version of a purged job of the same key (see
     // direct::first_version): a late report from one of the purged job's attempts, whose ids
     // the new job reuses, then presents a version the new job never handed out.
@@ -45,7 +45,7 @@ static INSERT_JOB: Statement = Statement {
 /// deadline rule holds swept or not). A separate statement, because most replays find a job
 /// that is not running, and every expression in a statement costs at each execution.
 static RUNNING_LAPSED: Statement = Statement {
-    name: Name::RunningLapsed,
+    name: "RunningLapsed",
     sql: concat!(
         "SELECT EXISTS (SELECT 1 FROM intent.attempts a WHERE a.job_id = $1 AND ",
         lapsed_sql!("a"),
@@ -58,7 +58,7 @@ static RUNNING_LAPSED: Statement = Statement {
 /// coordinator's shell of `intent.jobs`, which holds no rows, so the lookup is a statement,
 /// routed by the job id to its shard.
 static FIND_JOB_DIST: Statement = Statement {
-    name: Name::FindJobDist,
+    name: "FindJobDist",
     sql:
         "SELECT owner_id::text, owner_id = $2 AND idempotency_key = $3, provider = $4, params = $5,
                  contract IS NOT DISTINCT FROM $6, state::text, version, result
@@ -75,7 +75,7 @@ static FIND_JOB_DIST: Statement = Statement {
 
 /// `direct::first_version` in the distributed mode (the tombstone lives on the job's shard).
 static FIRST_VERSION_DIST: Statement = Statement {
-    name: Name::FirstVersionDist,
+    name: "FirstVersionDist",
     sql: "SELECT version FROM intent.retired_keys WHERE id = $1",
     args: &[pg_sys::UUIDOID],
 };
@@ -138,12 +138,7 @@ struct Submitted {
     result: Option<Jsonb>,
 }
 
-crate::entry::sql_function!(
-    intent_submit_job,
-    pg_finfo_intent_submit_job,
-    submit_job,
-    c"intent.submit_job"
-);
+crate::entry::sql_function!(submit_job, submit_job);
 
 /// `intent.submit_job(owner_id, idempotency_key, provider, params, contract, max_attempts)`.
 fn submit_job(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {

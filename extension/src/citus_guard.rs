@@ -267,8 +267,7 @@ fn before_distributed_read(_fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::
 }
 
 crate::entry::sql_function!(
-    intent_before_distributed_read,
-    pg_finfo_intent_before_distributed_read,
     before_distributed_read,
-    c"intent._before_distributed_read"
+    before_distributed_read,
+    "intent._before_distributed_read"
 );
