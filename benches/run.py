@@ -287,6 +287,8 @@ AB_SCRIPTS = [
     ("submit replay", "submit_replay.sql", {"keys": 100_000}),
     ("lifecycle (submit, begin, complete)", "lifecycle.sql", None),
     ("submit_jobs, 100 per call", "submit_batch_100.sql", None),
+    ("retry (begin, heartbeat, fail, begin, complete)", "fail_retry.sql", None),
+    ("unknown (begin, mark_unknown, abandon, cancel)", "unknown_abandon.sql", None),
 ]
 
 

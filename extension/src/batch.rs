@@ -13,7 +13,9 @@ use crate::jsonb::{CallJsonb, Jsonb};
 use crate::plans::{self, Statement};
 use crate::refusal::{self, Answer, Refusal};
 use crate::state::{JobState, lapsed_sql};
-use crate::submit::{Comparison, verdict};
+use crate::store::Comparison;
+use crate::store::rules::first_version_sql;
+use crate::submit::verdict;
 use pg_intent_protocol::limits::{MAX_BATCH, MAX_BATCH_PARAMS_BYTES, MAX_BATCH_RESULT_BYTES};
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
@@ -78,15 +80,19 @@ static FIND_JOBS: Statement = Statement {
 /// the same order, so one waits for the other instead of each waiting for the other (40P01).
 static INSERT_JOBS: Statement = Statement {
     name: "InsertJobs",
-    sql: "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts,
+    sql: concat!(
+        "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts,
                                    version, created_at, updated_at)
-          SELECT u.id, o, k, p, pa, c, m, coalesce(r.version + 1, 1), $8, $8
+          SELECT u.id, o, k, p, pa, c, m, ",
+        first_version_sql!("r.version"),
+        ", $8, $8
             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::text[], $7::int4[])
                  AS u(id, o, k, p, pa, c, m)
             LEFT JOIN intent.retired_keys r ON r.id = u.id
            ORDER BY u.id
           ON CONFLICT DO NOTHING
-          RETURNING id, version",
+          RETURNING id, version"
+    ),
     args: &[
         pg_sys::UUIDARRAYOID,
         pg_sys::TEXTARRAYOID,

@@ -4,59 +4,15 @@ use crate::contract;
 use crate::entry::{arg, one_row};
 use crate::input;
 use crate::job::{self, Job};
-use crate::plans::{self, Statement};
 use crate::refusal::{self, Answer, Refusal};
 use crate::state::AttemptState;
+use crate::store::{self, NewAttempt};
 use pg_intent_protocol::Facts;
 use pgrx::IntoDatum;
 use pgrx::Uuid;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-
-/// Inserts the attempt and marks the job running in one statement, at the call's instant ($9,
-/// crate::clock): the lease starts and the job leaves the queue then. The version is not touched:
-/// it changes only when the outcome slot changes. If a hand-written row somehow got past the
-/// job lock, the partial unique index `attempts_one_open_per_job` still refuses it.
-static START_ATTEMPT: Statement = Statement {
-    name: "StartAttempt",
-    sql: "WITH a AS (
-              INSERT INTO intent.attempts
-                     (id, job_id, owner_id, attempt_no, provider, state, version_read, worker, lease, started_at, deadline)
-              VALUES ($1, $2, $3, $4, $5, 'started', $6, $7, $8, $9, $9 + $8)
-              RETURNING deadline),
-          j AS (
-              UPDATE intent.jobs SET state = 'running', attempt_count = $4, retry_at = NULL,
-                                     updated_at = $9
-               WHERE id = $2)
-          SELECT deadline FROM a",
-    args: &[
-        pg_sys::UUIDOID,
-        pg_sys::UUIDOID,
-        pg_sys::TEXTOID,
-        pg_sys::INT4OID,
-        pg_sys::TEXTOID,
-        pg_sys::INT8OID,
-        pg_sys::TEXTOID,
-        pg_sys::INTERVALOID,
-        pg_sys::TIMESTAMPTZOID,
-    ],
-};
-
-/// [`START_ATTEMPT`] on the catalog of 0.2.0 (no `retry_at`).
-static START_ATTEMPT_0_2: Statement = Statement {
-    name: "StartAttempt0_2",
-    sql: "WITH a AS (
-              INSERT INTO intent.attempts
-                     (id, job_id, owner_id, attempt_no, provider, state, version_read, worker, lease, started_at, deadline)
-              VALUES ($1, $2, $3, $4, $5, 'started', $6, $7, $8, $9, $9 + $8)
-              RETURNING deadline),
-          j AS (
-              UPDATE intent.jobs SET state = 'running', attempt_count = $4, updated_at = $9
-               WHERE id = $2)
-          SELECT deadline FROM a",
-    args: START_ATTEMPT.args,
-};
 
 struct Begun {
     attempt_id: Uuid,
@@ -129,50 +85,24 @@ fn begin(
             pg_intent_protocol::attempt_id(*job_id.as_bytes(), i64::from(attempt_no))
                 .expect("attempt_no is within 1..=max_attempts <= 65535"),
         );
-        if crate::dist::distributed() {
-            let deadline = crate::dist::start_attempt(
-                client,
+        let deadline = store::get().start_attempt(
+            client,
+            &NewAttempt {
                 attempt_id,
                 job_id,
-                &job.owner_id,
+                owner_id: &job.owner_id,
                 attempt_no,
                 provider,
-                job.version,
+                version: job.version,
                 worker,
                 lease,
-            );
-            return Ok(Begun {
-                attempt_id,
-                attempt_no,
-                version: job.version,
-                deadline,
-            });
-        }
-        let row = plans::first(plans::run(
-            client,
-            if crate::state::catalog_has_retry_at() {
-                &START_ATTEMPT
-            } else {
-                &START_ATTEMPT_0_2
             },
-            &[
-                attempt_id.into(),
-                job_id.into(),
-                job.owner_id.as_str().into(),
-                attempt_no.into(),
-                provider.into(),
-                job.version.into(),
-                worker.into(),
-                lease.into(),
-                crate::clock::now().into(),
-            ],
-        ))
-        .expect("INSERT … RETURNING returns the row it inserted");
+        );
         Ok(Begun {
             attempt_id,
             attempt_no,
             version: job.version,
-            deadline: plans::must(&row, 1),
+            deadline,
         })
     })
 }

@@ -258,16 +258,3 @@ unsafe extern "C-unwind" fn utility(
         }
     }
 }
-
-/// `intent._before_distributed_read()`: nothing but what every call does first. The drop guard
-/// (a PL/pgSQL event trigger, SECURITY DEFINER) calls it before it reads `intent.contracts`,
-/// which Citus may read over a connection of `intent_owner`'s.
-fn before_distributed_read(_fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
-    Ok(crate::entry::void())
-}
-
-crate::entry::sql_function!(
-    before_distributed_read,
-    before_distributed_read,
-    "intent._before_distributed_read"
-);

@@ -9,15 +9,14 @@
 
 use crate::entry::{arg, one_row_each};
 use crate::input;
-use crate::jsonb::{CallJsonb, Jsonb};
-use crate::plans::{self, Statement};
 use crate::refusal::{Answer, Refusal};
+use crate::store::{self, ClaimAsk, Claimed};
 use pg_intent_protocol::limits::MAX_CLAIM;
-use pgrx::datum::{DatumWithOid, Interval, TimestampWithTimeZone};
+use pgrx::IntoDatum;
+use pgrx::datum::Interval;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use pgrx::{IntoDatum, Uuid};
 use std::ffi::CString;
 
 /// `intent.retry_backoff`: the first retry's delay; read by the statements as an interval.
@@ -115,208 +114,6 @@ pub fn notify_claimable(provider: &str) {
     }
 }
 
-/// The claim, for a session bound to no owner (`$6` unused) or to the owner `$6`. `c` takes the
-/// jobs (skipping those another transaction holds); `a` inserts their attempts as begin_attempt
-/// would (its version, its worker, its lease); `j` marks them running and clears their retry
-/// time. `$5` is the call's instant (crate::clock): what is due, and when the leases start.
-macro_rules! claim_sql {
-    ($owner:literal, $order:literal) => {
-        concat!(
-            "WITH c AS (
-              SELECT j.id, j.owner_id, j.attempt_count + 1 AS attempt_no, j.version, j.provider, j.params, j.contract,
-                     coalesce(j.retry_at, j.updated_at) AS since
-                FROM intent.jobs j
-               WHERE j.state = 'pending' AND j.attempt_count < j.max_attempts",
-            $owner,
-            "
-                 AND coalesce(j.retry_at, j.updated_at) <= $5
-                 AND ($1::text[] IS NULL OR j.provider = ANY ($1::text[]))
-               ORDER BY ",
-            $order,
-            "
-               LIMIT $4
-                 FOR NO KEY UPDATE OF j SKIP LOCKED),
-          a AS (
-              INSERT INTO intent.attempts
-                     (id, job_id, owner_id, attempt_no, provider, state, version_read, worker, lease, started_at, deadline)
-              SELECT intent.attempt_id(c.id, c.attempt_no), c.id, c.owner_id, c.attempt_no, c.provider, 'started',
-                     c.version, $2, $3, $5, $5 + $3
-                FROM c
-              RETURNING id, job_id, deadline),
-          j AS (
-              UPDATE intent.jobs SET state = 'running', attempt_count = c.attempt_no, retry_at = NULL,
-                                     updated_at = $5
-                FROM c WHERE intent.jobs.id = c.id)
-          SELECT c.id, a.id, c.attempt_no::int4, c.version::int8, a.deadline, c.provider::text, c.params, c.contract::text
-            FROM c JOIN a ON a.job_id = c.id
-           ORDER BY c.since"
-        )
-    };
-}
-
-/// Begins the next attempt of up to `$4` claimable jobs of every owner, longest-waiting first:
-/// the scan of `jobs_claimable`.
-static CLAIM: Statement = Statement {
-    name: "Claim",
-    sql: claim_sql!("", "coalesce(j.retry_at, j.updated_at)"),
-    args: &[
-        pg_sys::TEXTARRAYOID,
-        pg_sys::TEXTOID,
-        pg_sys::INTERVALOID,
-        pg_sys::INT4OID,
-        pg_sys::TIMESTAMPTZOID,
-    ],
-};
-
-/// [`CLAIM`] for a session bound to the owner `$6`: the owner named in the statement, so that it
-/// scans that owner's part of `jobs_claimable_by_owner` (ordered by owner, then the same key)
-/// instead of walking every owner's queue and leaving the others' rows to the policies. Its
-/// cost, and so its timing, does not depend on other owners' queues: run with its generic plan
-/// (plans::run_generic), planned once, not for each call from the table's statistics, and
-/// without bitmap scans, so that the plan is the ordered scan of the owner's part that stops
-/// at `$4` jobs. The policies still apply.
-static CLAIM_BOUND: Statement = Statement {
-    name: "ClaimBound",
-    // The owner as a range (`>= $6 AND <= $6`, which for a deterministic collation is
-    // equality), with the equality itself as a plain filter (`IS TRUE`): an `owner_id = $6`
-    // clause would make owner_id a constant to the planner, so that jobs_claimable (ordered by
-    // the queue key alone) would provide the order too, and the plan could walk it and filter
-    // the owner, which is what a bound claim must never do (auto_explain showed it chosen, with
-    // two owners in the statistics). As written, only jobs_claimable_by_owner provides the order
-    // (owner_id, key) and takes the owner as its index condition; any other plan sorts.
-    sql: claim_sql!(
-        " AND j.owner_id >= $6::text AND j.owner_id <= $6::text AND (j.owner_id = $6::text) IS TRUE",
-        "j.owner_id, coalesce(j.retry_at, j.updated_at)"
-    ),
-    args: &[
-        pg_sys::TEXTARRAYOID,
-        pg_sys::TEXTOID,
-        pg_sys::INTERVALOID,
-        pg_sys::INT4OID,
-        pg_sys::TIMESTAMPTZOID,
-        pg_sys::TEXTOID,
-    ],
-};
-
-/// Distributed, the candidates: a read on every shard (no lock: Citus cannot lock rows of
-/// many shards with SKIP LOCKED), merged on the coordinator, longest-waiting first; a bound
-/// session's own jobs only (the policies run on the workers, which do not know the binding).
-static CANDIDATES_DIST: Statement = Statement {
-    name: "ClaimCandidatesDist",
-    sql: "SELECT j.id FROM intent.jobs j
-           WHERE j.state = 'pending' AND j.attempt_count < j.max_attempts
-             AND coalesce(j.retry_at, j.updated_at) <= $4
-             AND ($1::text[] IS NULL OR j.provider = ANY ($1::text[]))
-             AND ($3::text IS NULL OR j.owner_id = $3)
-           ORDER BY coalesce(j.retry_at, j.updated_at)
-           LIMIT $2",
-    args: &[
-        pg_sys::TEXTARRAYOID,
-        pg_sys::INT4OID,
-        pg_sys::TEXTOID,
-        pg_sys::TIMESTAMPTZOID,
-    ],
-};
-
-/// Distributed, each candidate in turn: taken as the single-node claim takes it (the same
-/// conditions, read again under the lock), on its own shard, skipped if another transaction
-/// holds it.
-static TAKE_DIST: Statement = Statement {
-    name: "ClaimLockDist",
-    sql: "SELECT j.owner_id::text, j.attempt_count + 1, j.version::int8, j.provider::text, j.params, j.contract::text
-            FROM intent.jobs j
-           WHERE j.id = $1 AND j.state = 'pending' AND j.attempt_count < j.max_attempts
-             AND coalesce(j.retry_at, j.updated_at) <= $3
-             AND ($2::text[] IS NULL OR j.provider = ANY ($2::text[]))
-             FOR NO KEY UPDATE OF j SKIP LOCKED",
-    args: &[pg_sys::UUIDOID, pg_sys::TEXTARRAYOID, pg_sys::TIMESTAMPTZOID],
-};
-
-/// How many candidates the distributed claim reads per job asked for: some may be taken by a
-/// concurrent claimer between the read and the lock.
-const CANDIDATES_PER_JOB: i32 = 2;
-
-/// `claim` in the distributed mode: each job taken is a single-shard lock, insert and update.
-fn claim_dist(
-    client: &mut pgrx::spi::SpiClient<'_>,
-    providers: Option<Vec<String>>,
-    worker: Option<&str>,
-    lease: Interval,
-    max_jobs: i32,
-) -> Vec<Claimed> {
-    let bound = crate::owner::bound_owner();
-    let candidates: Vec<Uuid> = plans::run(
-        client,
-        &CANDIDATES_DIST,
-        &[
-            providers.clone().into(),
-            max_jobs.saturating_mul(CANDIDATES_PER_JOB).into(),
-            bound.as_deref().into(),
-            crate::clock::now().into(),
-        ],
-    )
-    .map(|row| row.get::<Uuid>(1).ok().flatten().expect("ids are NOT NULL"))
-    .collect();
-    let mut claimed = Vec::new();
-    for job_id in candidates {
-        if claimed.len() >= max_jobs as usize {
-            break;
-        }
-        let Some(row) = plans::first(plans::run(
-            client,
-            &TAKE_DIST,
-            &[
-                job_id.into(),
-                providers.clone().into(),
-                crate::clock::now().into(),
-            ],
-        )) else {
-            continue;
-        };
-        let owner: String = plans::must(&row, 1);
-        let attempt_no: i32 = plans::must(&row, 2);
-        let version: i64 = plans::must(&row, 3);
-        let provider: String = plans::must(&row, 4);
-        let params: Jsonb = row
-            .get::<CallJsonb>(5)
-            .ok()
-            .flatten()
-            .expect("params is NOT NULL")
-            .0;
-        let contract: Option<String> = plans::get(&row, 6);
-        let attempt_id = Uuid::from_bytes(
-            pg_intent_protocol::attempt_id(*job_id.as_bytes(), i64::from(attempt_no))
-                .expect("attempt_no is within 1..=max_attempts <= 65535"),
-        );
-        let deadline = crate::dist::start_attempt(
-            client, attempt_id, job_id, &owner, attempt_no, &provider, version, worker, lease,
-        );
-        claimed.push(Claimed {
-            job_id,
-            attempt_id,
-            attempt_no,
-            version,
-            deadline,
-            provider,
-            params,
-            contract,
-        });
-    }
-    claimed
-}
-
-/// One claimed attempt, copied out of SPI's memory.
-struct Claimed {
-    job_id: Uuid,
-    attempt_id: Uuid,
-    attempt_no: i32,
-    version: i64,
-    deadline: TimestampWithTimeZone,
-    provider: String,
-    params: Jsonb,
-    contract: Option<String>,
-}
-
 crate::entry::sql_function!(claim_attempts, claim_attempts);
 
 /// `intent.claim_attempts(providers, worker, lease, max_jobs)`.
@@ -364,63 +161,11 @@ fn claim(
                 .detail(format!("max_jobs is {max_jobs}.")),
         );
     }
-    if crate::dist::distributed() {
-        return Ok(Spi::connect_mut(|client| {
-            claim_dist(client, providers, worker, lease, max_jobs)
-        }));
-    }
-    let bound = crate::owner::bound_owner();
-    Ok(Spi::connect_mut(|client| {
-        let now = crate::clock::now();
-        let args: [DatumWithOid<'_>; 5] = [
-            providers.into(),
-            worker.into(),
-            lease.into(),
-            max_jobs.into(),
-            now.into(),
-        ];
-        let rows = match &bound {
-            None => plans::run(client, &CLAIM, &args),
-            Some(owner) => {
-                let [providers, worker, lease, max_jobs, now] = args;
-                plans::run_generic(
-                    client,
-                    &CLAIM_BOUND,
-                    &[
-                        providers,
-                        worker,
-                        lease,
-                        max_jobs,
-                        now,
-                        owner.as_str().into(),
-                    ],
-                    // Not a bitmap scan of the owner's part and a sort of all of it: the
-                    // ordered scan, which stops at max_jobs (an owner's own long queue). And no
-                    // sequential scan anywhere in it: a plan made while intent.jobs was nearly
-                    // empty would join the claimed rows back to the table by reading all of it
-                    // (every owner's rows) for as long as the plan is kept.
-                    &[(c"enable_bitmapscan", c"off"), (c"enable_seqscan", c"off")],
-                )
-            }
-        };
-        rows.map(|row| {
-            let not_null = |n| -> ! { panic!("pg_intent: claim column {n} is unexpectedly NULL") };
-            Claimed {
-                job_id: row.get(1).ok().flatten().unwrap_or_else(|| not_null(1)),
-                attempt_id: row.get(2).ok().flatten().unwrap_or_else(|| not_null(2)),
-                attempt_no: row.get(3).ok().flatten().unwrap_or_else(|| not_null(3)),
-                version: row.get(4).ok().flatten().unwrap_or_else(|| not_null(4)),
-                deadline: row.get(5).ok().flatten().unwrap_or_else(|| not_null(5)),
-                provider: row.get(6).ok().flatten().unwrap_or_else(|| not_null(6)),
-                params: row
-                    .get::<CallJsonb>(7)
-                    .ok()
-                    .flatten()
-                    .unwrap_or_else(|| not_null(7))
-                    .0,
-                contract: row.get(8).ok().flatten(),
-            }
-        })
-        .collect()
-    }))
+    let ask = ClaimAsk {
+        providers,
+        worker: worker.map(str::to_string),
+        lease,
+        max_jobs,
+    };
+    Ok(Spi::connect_mut(|client| store::get().claim(client, &ask)))
 }

@@ -1,4 +1,4 @@
-//! Contracts: what a job's result must satisfy before it can win (SPEC § Contracts and failover).
+//! Contracts: what a job's result must satisfy before it can win (docs/protocol.md § Contracts and failover).
 //!
 //! A result is checked against the contract's JSON Schema (draft 2020-12), then by its optional
 //! SQL checker. Schemas are compiled once per backend and cached per contract version, so a
@@ -51,32 +51,8 @@ static CONTRACT: Statement = Statement {
     args: &[pg_sys::TEXTOID],
 };
 
-/// [`CONTRACT`] on the catalog of 0.1.0 (see [`catalog_records_definers`]).
-static CONTRACT_0_1: Statement = Statement {
-    name: "Contract0_1",
-    sql: "SELECT version, checker::oid, output_schema, NULL::oid, NULL::oid, checker::text
-            FROM intent.contracts WHERE name = $1",
-    args: &[pg_sys::TEXTOID],
-};
-
-/// Whether `intent.contracts` records checker owners and definers (0.2.0 on). The library may
-/// be newer than the catalog between installing a new release and `ALTER EXTENSION pg_intent
-/// UPDATE`; meanwhile contracts work as the older catalog allows.
-fn catalog_records_definers() -> bool {
-    // SAFETY: syscache lookups by name.
-    unsafe {
-        let ns = pg_sys::get_namespace_oid(c"intent".as_ptr(), false);
-        let rel = pg_sys::get_relname_relid(c"contracts".as_ptr(), ns);
-        rel != pg_sys::InvalidOid && pg_sys::get_attnum(rel, c"defined_by".as_ptr()) > 0
-    }
-}
-
 fn contract_statement() -> &'static Statement {
-    if catalog_records_definers() {
-        &CONTRACT
-    } else {
-        &CONTRACT_0_1
-    }
+    crate::store::compat::contract(&CONTRACT)
 }
 
 /// Whether the role calling define_contract may execute the checker it names, and has the
@@ -99,40 +75,11 @@ static CALLER_MAY_USE: Statement = Statement {
 /// the checker runs as changed (certifications were earned on the old one). Defined again
 /// unchanged by another role, it records the new definer (vetted just now) and keeps its
 /// version; defined again unchanged by the same role, it writes nothing. So "redefine the
-/// contract" re-vets a contract whose checker changed owner or whose definer lost rights.
+/// contract" re-vets a contract whose checker changed owner or whose definer lost rights. The
+/// row's new `updated_at` is the statement timestamp the VALUES already carry
+/// (`excluded.updated_at`): Citus refuses a function in the `DO UPDATE SET` of a reference table.
 static UPSERT_CONTRACT: Statement = Statement {
     name: "UpsertContract",
-    sql: "INSERT INTO intent.contracts AS c (name, output_schema, checker, created_at, updated_at,
-                                              checker_owner, defined_by)
-          VALUES ($1, $2, $3, statement_timestamp(), statement_timestamp(),
-                  $4::regrole, $5::regrole)
-          ON CONFLICT (name) DO UPDATE
-             SET output_schema = excluded.output_schema, checker = excluded.checker,
-                 checker_owner = excluded.checker_owner, defined_by = excluded.defined_by,
-                 version = c.version + CASE
-                     WHEN c.output_schema IS DISTINCT FROM excluded.output_schema
-                       OR c.checker IS DISTINCT FROM excluded.checker
-                       OR c.checker_owner IS DISTINCT FROM excluded.checker_owner THEN 1 ELSE 0 END,
-                 updated_at = statement_timestamp()
-           WHERE c.output_schema IS DISTINCT FROM excluded.output_schema
-              OR c.checker IS DISTINCT FROM excluded.checker
-              OR c.checker_owner IS DISTINCT FROM excluded.checker_owner
-              OR c.defined_by IS DISTINCT FROM excluded.defined_by
-          RETURNING version",
-    args: &[
-        pg_sys::TEXTOID,
-        pg_sys::JSONBOID,
-        pg_sys::TEXTOID,
-        pg_sys::OIDOID,
-        pg_sys::OIDOID,
-    ],
-};
-
-/// [`UPSERT_CONTRACT`] in the distributed mode: Citus refuses a function in the `DO UPDATE SET`
-/// of a reference table; the row's new `updated_at` is the statement timestamp the VALUES
-/// already carry (`excluded.updated_at`).
-static UPSERT_CONTRACT_DIST: Statement = Statement {
-    name: "UpsertContractDist",
     sql: "INSERT INTO intent.contracts AS c (name, output_schema, checker, created_at, updated_at,
                                               checker_owner, defined_by)
           VALUES ($1, $2, $3, statement_timestamp(), statement_timestamp(),
@@ -150,21 +97,13 @@ static UPSERT_CONTRACT_DIST: Statement = Statement {
               OR c.checker_owner IS DISTINCT FROM excluded.checker_owner
               OR c.defined_by IS DISTINCT FROM excluded.defined_by
           RETURNING version",
-    args: UPSERT_CONTRACT.args,
-};
-
-/// [`UPSERT_CONTRACT`] on the catalog of 0.1.0 (see [`catalog_records_definers`]).
-static UPSERT_CONTRACT_0_1: Statement = Statement {
-    name: "UpsertContract0_1",
-    sql: "INSERT INTO intent.contracts AS c (name, output_schema, checker, created_at, updated_at)
-          VALUES ($1, $2, $3::regprocedure, statement_timestamp(), statement_timestamp())
-          ON CONFLICT (name) DO UPDATE
-             SET output_schema = excluded.output_schema, checker = excluded.checker,
-                 version = c.version + 1, updated_at = statement_timestamp()
-           WHERE c.output_schema IS DISTINCT FROM excluded.output_schema
-              OR c.checker IS DISTINCT FROM excluded.checker
-          RETURNING version",
-    args: &[pg_sys::TEXTOID, pg_sys::JSONBOID, pg_sys::OIDOID],
+    args: &[
+        pg_sys::TEXTOID,
+        pg_sys::JSONBOID,
+        pg_sys::TEXTOID,
+        pg_sys::OIDOID,
+        pg_sys::OIDOID,
+    ],
 };
 
 static CERTIFY: Statement = Statement {
@@ -484,14 +423,10 @@ fn define(
             }
             None => (None, None),
         };
-        let inserted = plans::first(if catalog_records_definers() {
+        let inserted = plans::first(if crate::store::compat::records_definers() {
             plans::run(
                 client,
-                if crate::dist::distributed() {
-                    &UPSERT_CONTRACT_DIST
-                } else {
-                    &UPSERT_CONTRACT
-                },
+                &UPSERT_CONTRACT,
                 &[
                     name.into(),
                     schema.into(),
@@ -503,7 +438,7 @@ fn define(
         } else {
             plans::run(
                 client,
-                &UPSERT_CONTRACT_0_1,
+                &crate::store::compat::UPSERT_CONTRACT_0_1,
                 &[name.into(), schema.into(), checker.into()],
             )
         });
@@ -696,3 +631,16 @@ fn validate_result(contract: Option<&str>, result: Option<Jsonb>) -> Answer<(boo
         Some(Err(v)) => Ok((false, Value::Array(v.errors))),
     })
 }
+
+/// `intent._before_distributed_read()`: nothing but what every call does first. The drop guard
+/// (a PL/pgSQL event trigger, SECURITY DEFINER) calls it before it reads `intent.contracts`,
+/// which Citus may read over a connection of `intent_owner`'s (`citus_guard.rs`).
+fn before_distributed_read(_fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
+    Ok(crate::entry::void())
+}
+
+crate::entry::sql_function!(
+    before_distributed_read,
+    before_distributed_read,
+    "intent._before_distributed_read"
+);

@@ -10,93 +10,10 @@ use crate::plans::{self, Statement};
 use crate::refusal::Answer;
 use crate::refusal::Refusal;
 use crate::state::AttemptState;
-use crate::state::{open_attempt_states_sql, open_job_states_sql};
+use crate::store::{self, Abandoned};
 use pgrx::Uuid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-
-/// The gate opens, but the attempt is not forgotten: if it returns, the compare-and-swap decides.
-/// The job is claimable at once (no retry time).
-static ABANDON: Statement = Statement {
-    name: "Abandon",
-    sql: concat!(
-        "WITH a AS (
-              UPDATE intent.attempts SET state = 'abandoned'
-               WHERE id = $1 AND state IN ",
-        open_attempt_states_sql!(),
-        "
-              RETURNING id, job_id, owner_id),
-          j AS (
-              UPDATE intent.jobs SET state = 'pending', retry_at = NULL, updated_at = $5
-               WHERE id = (SELECT job_id FROM a) AND state IN ('running', 'unknown'))
-          INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
-          SELECT a.job_id, a.owner_id, a.id, 'abandoned',
-                 jsonb_build_object('reason', $2::text, 'previous_state', $3::text, 'lease_expired', $4::boolean)
-            FROM a"
-    ),
-    args: &[
-        pg_sys::UUIDOID,
-        pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
-        pg_sys::BOOLOID,
-        pg_sys::TIMESTAMPTZOID,
-    ],
-};
-
-/// [`ABANDON`] on the catalog of 0.2.0 (no `retry_at`).
-static ABANDON_0_2: Statement = Statement {
-    name: "Abandon0_2",
-    sql: concat!(
-        "WITH a AS (
-              UPDATE intent.attempts SET state = 'abandoned'
-               WHERE id = $1 AND state IN ",
-        open_attempt_states_sql!(),
-        "
-              RETURNING id, job_id, owner_id),
-          j AS (
-              UPDATE intent.jobs SET state = 'pending', updated_at = $5
-               WHERE id = (SELECT job_id FROM a) AND state IN ('running', 'unknown'))
-          INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
-          SELECT a.job_id, a.owner_id, a.id, 'abandoned',
-                 jsonb_build_object('reason', $2::text, 'previous_state', $3::text, 'lease_expired', $4::boolean)
-            FROM a"
-    ),
-    args: &[
-        pg_sys::UUIDOID,
-        pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
-        pg_sys::BOOLOID,
-        pg_sys::TIMESTAMPTZOID,
-    ],
-};
-
-/// version + 1 makes every attempt still out there lose its compare-and-swap.
-static CANCEL: Statement = Statement {
-    name: "Cancel",
-    sql: concat!(
-        "WITH j AS (
-              UPDATE intent.jobs SET state = 'cancelled', version = version + 1, updated_at = $4
-               WHERE id = $1 AND state IN ",
-        open_job_states_sql!(),
-        "
-              RETURNING id, owner_id, version)
-          INSERT INTO intent.events (job_id, owner_id, kind, detail)
-          SELECT j.id, j.owner_id, 'cancelled',
-                 jsonb_build_object('reason', $2::text, 'previous_state', $3::text, 'version', j.version,
-                                    'open_attempt', (SELECT a.id FROM intent.attempts a
-                                                      WHERE a.job_id = j.id AND a.state IN ",
-        open_attempt_states_sql!(),
-        "))
-            FROM j
-          RETURNING 1"
-    ),
-    args: &[
-        pg_sys::UUIDOID,
-        pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
-        pg_sys::TIMESTAMPTZOID,
-    ],
-};
 
 crate::entry::sql_function!(abandon_attempt, abandon_attempt);
 
@@ -118,30 +35,16 @@ fn abandon(attempt_id: Option<Uuid>, reason: Option<&str>) -> Answer<()> {
             if !job.is_terminal() && job.attempt_count < job.max_attempts {
                 crate::claim::notify_claimable(&job.provider);
             }
-            if crate::dist::distributed() {
-                crate::dist::abandon(
-                    client,
+            // The gate opens, but the attempt is not forgotten: if it returns, the
+            // compare-and-swap decides. The job is claimable at once (no retry time).
+            store::get().abandon(
+                client,
+                &Abandoned {
                     attempt_id,
                     reason,
-                    attempt.state.as_str(),
-                    attempt.is_lapsed(),
-                );
-                return Ok(());
-            }
-            plans::run(
-                client,
-                if crate::state::catalog_has_retry_at() {
-                    &ABANDON
-                } else {
-                    &ABANDON_0_2
+                    previous_state: attempt.state.as_str(),
+                    lease_expired: attempt.is_lapsed(),
                 },
-                &[
-                    attempt_id.into(),
-                    reason.into(),
-                    attempt.state.as_str().into(),
-                    attempt.is_lapsed().into(),
-                    crate::clock::now().into(),
-                ],
             );
         }
         Ok(())
@@ -165,23 +68,6 @@ static WAS_UNKNOWN: Statement = Statement {
            WHERE job_id = $1 AND attempt_id = $2 AND kind = 'timeout'
            LIMIT 1",
     args: &[pg_sys::UUIDOID, pg_sys::UUIDOID],
-};
-
-/// A reconciliation, with the state the decision left the attempt in. The unique index
-/// `events_one_reconciliation` keeps it to one per attempt whatever the callers' isolation: a
-/// concurrent second one waits, then writes nothing (READ COMMITTED) or fails with 40001
-/// (REPEATABLE READ, SERIALIZABLE), instead of recording a contradicting decision.
-static RECORD_RECONCILED: Statement = Statement {
-    name: "RecordReconciled",
-    sql: "INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
-          SELECT a.job_id, a.owner_id, a.id, 'reconciled',
-                 jsonb_build_object('decision', $2::text, 'attempt_state', a.state::text,
-                                    'evidence', $3::jsonb, 'recorded_by', session_user::text)
-            FROM intent.attempts a
-           WHERE a.id = $1
-          ON CONFLICT (job_id, attempt_id) WHERE kind = 'reconciled' DO NOTHING
-          RETURNING id",
-    args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::JSONBOID],
 };
 
 /// The decisions a reconciliation may record, each with the attempt states it can have left.
@@ -279,24 +165,15 @@ fn reconciled(
                 ))
                 .hint("Call complete_attempt, fail_attempt or abandon_attempt first, in the same transaction."));
         }
-        let recorded = if crate::dist::distributed() {
-            crate::dist::record_reconciled(
-                client,
-                job.id,
-                &job.owner_id,
-                attempt_id,
-                decision,
-                state.as_str(),
-                evidence,
-            )
-        } else {
-            plans::first(plans::run(
-                client,
-                &RECORD_RECONCILED,
-                &[attempt_id.into(), (*decision).into(), evidence.into()],
-            ))
-            .map(|row| plans::must::<i64>(&row, 1))
-        };
+        let recorded = store::record_reconciled(
+            client,
+            job.id,
+            &job.owner_id,
+            attempt_id,
+            decision,
+            state.as_str(),
+            evidence,
+        );
         if let Some(id) = recorded {
             return Ok(id);
         }
@@ -329,24 +206,7 @@ fn cancel(job_id: Option<Uuid>, reason: Option<&str>) -> Answer<bool> {
             return Ok(false);
         }
         job::settle_open_attempt(client, &mut job, "cancel_job");
-        if crate::dist::distributed() {
-            return Ok(crate::dist::cancel(
-                client,
-                job_id,
-                reason,
-                job.state.as_str(),
-            ));
-        }
-        let cancelled = plans::first(plans::run(
-            client,
-            &CANCEL,
-            &[
-                job_id.into(),
-                reason.into(),
-                job.state.as_str().into(),
-                crate::clock::now().into(),
-            ],
-        ));
-        Ok(cancelled.is_some())
+        // version + 1 makes every attempt still out there lose its compare-and-swap.
+        Ok(store::get().cancel(client, job_id, reason, job.state.as_str()))
     })
 }

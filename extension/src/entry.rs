@@ -342,18 +342,6 @@ pub fn arg<T: FromDatum>(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<T
     unsafe { pgrx::fcinfo::pg_getarg::<T>(fcinfo, n) }
 }
 
-/// Argument `n` if the SQL declaration has it, else None: a function that gained an argument in
-/// a release is called through the older declaration until `ALTER EXTENSION … UPDATE` runs.
-pub fn arg_if_declared<T: FromDatum>(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<T> {
-    // SAFETY: fcinfo is the call's own.
-    let nargs = unsafe { (*fcinfo).nargs };
-    if n < usize::try_from(nargs).unwrap_or(0) {
-        arg(fcinfo, n)
-    } else {
-        None
-    }
-}
-
 /// Returns from a function declared `RETURNS void` (PG_RETURN_VOID: a zero datum, not NULL).
 pub fn void() -> pg_sys::Datum {
     pg_sys::Datum::from(0usize)

@@ -1,5 +1,6 @@
-//! The derivations of SPEC § Names, as SQL functions. They are immutable and strict (NULL in,
-//! NULL out, like PostgreSQL's own functions); malformed input raises `22023`.
+//! The id derivations of docs/reference.md § 1.4 (`intent.job_id`, `intent.attempt_id`), as SQL
+//! functions. They are immutable and strict (NULL in, NULL out, like PostgreSQL's own
+//! functions); malformed input raises `22023`.
 
 use pg_intent_protocol::IdError;
 use pgrx::Uuid;
@@ -15,7 +16,7 @@ fn refuse(err: IdError) -> ! {
     unreachable!("an ERROR report does not return")
 }
 
-/// The job id of an intent: SHA-256(owner_id ‖ 0x00 ‖ idempotency_key), as SPEC § Names says.
+/// The job id of an intent: SHA-256(owner_id ‖ 0x00 ‖ idempotency_key), as docs/reference.md § 1.4 says.
 #[pg_extern(immutable, strict, parallel_safe)]
 fn job_id(owner_id: &str, idempotency_key: &str) -> Uuid {
     match pg_intent_protocol::job_id(owner_id, idempotency_key) {

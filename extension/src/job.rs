@@ -10,37 +10,10 @@
 use crate::plans::{self, Statement};
 use crate::refusal::{Answer, Refusal, no_such_attempt, no_such_job};
 use crate::state::{self, AttemptState, JobState, lapsed_sql, open_attempt_states_sql};
+use crate::store;
 use pgrx::Uuid;
 use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
-
-static LOCK_JOB: Statement = Statement {
-    name: "LockJob",
-    sql: "SELECT state::text, version, provider, contract, max_attempts, attempt_count, owner_id, completed_by
-            FROM intent.jobs WHERE id = $1 FOR NO KEY UPDATE",
-    args: &[pg_sys::UUIDOID],
-};
-
-/// LOCK_JOB in the distributed mode, with the session's binding ($2, NULL when unbound). The
-/// owner isolation policies run on the workers, which do not know the binding: without the
-/// owner in the statement a bound call would lock (and wait for) another owner's row before
-/// refusing, and how long it waited would tell that the job exists.
-static LOCK_JOB_DIST: Statement = Statement {
-    name: "LockJobDist",
-    sql: "SELECT state::text, version, provider, contract, max_attempts, attempt_count, owner_id, completed_by
-            FROM intent.jobs WHERE id = $1 AND ($2::text IS NULL OR owner_id = $2::text) FOR NO KEY UPDATE",
-    args: &[pg_sys::UUIDOID, pg_sys::TEXTOID],
-};
-
-static READ_ATTEMPT: Statement = Statement {
-    name: "ReadAttempt",
-    sql: concat!(
-        "SELECT state::text, version_read, error->>'kind', ",
-        lapsed_sql!(),
-        " FROM intent.attempts WHERE id = $1"
-    ),
-    args: &[pg_sys::UUIDOID],
-};
 
 /// The open attempt, locked FOR SHARE. Under READ COMMITTED the job lock already orders every
 /// change to it, so this never waits; but under REPEATABLE READ and SERIALIZABLE the
@@ -59,31 +32,6 @@ static OPEN_ATTEMPT: Statement = Statement {
         " FOR SHARE"
     ),
     args: &[pg_sys::UUIDOID],
-};
-
-/// Persists started → unknown for one attempt whose lease ran out, and its job running →
-/// unknown, logging the timeout. Does nothing when the attempt is not started or still within
-/// its lease.
-static SETTLE_LAPSED: Statement = Statement {
-    name: "SettleLapsed",
-    sql: concat!(
-        "WITH a AS (
-              UPDATE intent.attempts SET state = 'unknown'
-               WHERE id = $1 AND ",
-        lapsed_sql!(),
-        "
-              RETURNING id, job_id, owner_id, deadline),
-          j AS (
-              UPDATE intent.jobs SET state = 'unknown', updated_at = $3
-               WHERE id = (SELECT job_id FROM a) AND state = 'running'),
-          e AS (
-              INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
-              SELECT a.job_id, a.owner_id, a.id, 'timeout',
-                     jsonb_build_object('cause', 'lease_expired', 'deadline', a.deadline, 'noticed_by', $2::text)
-                FROM a)
-          SELECT count(*) FROM a"
-    ),
-    args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID],
 };
 
 /// The job row, read under its row lock.
@@ -119,27 +67,9 @@ impl Job {
 
 /// Locks the job row, or refuses with IJ007.
 pub fn lock(client: &mut SpiClient<'_>, job_id: Uuid) -> Answer<Job> {
-    // Distributed, the owner isolation policies run on the workers, which do not know this
-    // session's binding: every call on an existing job comes through here, so the statement
-    // applies it, as the policy would (another owner's job does not exist), and the check
-    // after it says so again.
-    let row = if crate::dist::distributed() {
-        let bound = crate::owner::bound_owner();
-        let row = plans::first(plans::run(
-            client,
-            &LOCK_JOB_DIST,
-            &[job_id.into(), bound.clone().into()],
-        ))
+    let row = store::get()
+        .lock_job(client, job_id)
         .ok_or_else(|| no_such_job(job_id))?;
-        let owner: String = plans::must(&row, 7);
-        if bound.is_some_and(|bound| bound != owner) {
-            return Err(no_such_job(job_id));
-        }
-        row
-    } else {
-        plans::first(plans::run(client, &LOCK_JOB, &[job_id.into()]))
-            .ok_or_else(|| no_such_job(job_id))?
-    };
     Ok(Job {
         id: job_id,
         state: state::read(&row, 1),
@@ -203,17 +133,7 @@ impl Attempt {
 }
 
 pub fn read_attempt(client: &mut SpiClient<'_>, attempt_id: Uuid) -> Answer<Attempt> {
-    let row = plans::first(if crate::dist::distributed() {
-        let job_id = crate::dist::job_of(attempt_id);
-        plans::run(
-            client,
-            &crate::dist::READ_ATTEMPT,
-            &[attempt_id.into(), job_id.into()],
-        )
-    } else {
-        plans::run(client, &READ_ATTEMPT, &[attempt_id.into()])
-    })
-    .ok_or_else(|| no_such_attempt(attempt_id))?;
+    let row = store::read_attempt(client, attempt_id).ok_or_else(|| no_such_attempt(attempt_id))?;
     Ok(Attempt {
         id: attempt_id,
         state: state::read(&row, 1),
@@ -256,20 +176,7 @@ pub fn open_attempt(client: &mut SpiClient<'_>, job_id: Uuid) -> Option<OpenAtte
 /// Applies the deadline rule to one attempt (its job row must be locked): a started attempt
 /// past its deadline becomes unknown, for good. Returns whether it changed anything.
 pub fn settle_lapsed(client: &mut SpiClient<'_>, attempt_id: Uuid, noticed_by: &str) -> bool {
-    if crate::dist::distributed() {
-        return crate::dist::settle_lapsed(client, attempt_id, noticed_by);
-    }
-    let row = plans::first(plans::run(
-        client,
-        &SETTLE_LAPSED,
-        &[
-            attempt_id.into(),
-            noticed_by.into(),
-            crate::clock::now().into(),
-        ],
-    ))
-    .expect("count(*) returns a row");
-    plans::must::<i64>(&row, 1) > 0
+    store::get().settle_lapsed(client, attempt_id, noticed_by)
 }
 
 /// Applies the deadline rule to a running job (its row locked): if its open attempt ran out of

@@ -42,7 +42,6 @@ mod claim;
 mod clock;
 mod contract;
 mod decisions;
-mod direct;
 mod dist;
 mod entry;
 mod finish;
@@ -57,6 +56,7 @@ mod purge;
 mod refusal;
 mod schema;
 mod state;
+mod store;
 mod submit;
 
 extension_sql_file!("../../sql/types.sql", name = "types", bootstrap);

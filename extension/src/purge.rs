@@ -40,116 +40,6 @@ static RETENTION_OK: Statement = Statement {
     args: &[pg_sys::INTERVALOID, pg_sys::TEXTOID],
 };
 
-/// One batch: the oldest finished jobs past the retention that nobody is working on right now
-/// (SKIP LOCKED), with their events; attempts go with their job (ON DELETE CASCADE).
-static PURGE_BATCH: Statement = Statement {
-    name: "PurgeBatch",
-    sql: "WITH doomed AS (
-              SELECT id FROM intent.jobs
-               WHERE created_at < statement_timestamp() - $1
-                 AND updated_at < statement_timestamp() - $1
-                 AND state IN ('succeeded', 'failed', 'cancelled')
-               ORDER BY created_at
-               LIMIT $2
-                 FOR UPDATE SKIP LOCKED),
-          e AS (
-              DELETE FROM intent.events e USING doomed d WHERE e.job_id = d.id),
-          j AS (
-              DELETE FROM intent.jobs j USING doomed d WHERE j.id = d.id RETURNING j.id, j.version),
-          -- The key may be used again: remember the last version handed out under this id, so
-          -- that the next job of the key never reuses a fencing token (see retired_keys).
-          r AS (
-              INSERT INTO intent.retired_keys (id, version, retired_at)
-              SELECT id, version, statement_timestamp() FROM j
-              ON CONFLICT (id) DO UPDATE SET version = excluded.version, retired_at = excluded.retired_at)
-          SELECT count(*) FROM j",
-    args: &[pg_sys::INTERVALOID, pg_sys::INT4OID],
-};
-
-/// Distributed, the candidates: read on every shard (Citus cannot lock rows of many shards
-/// with SKIP LOCKED), merged on the coordinator, oldest first. The owner isolation policies run
-/// on the workers, which do not know the session's binding: a bound session's owner ($3) is
-/// named here.
-static CANDIDATES_DIST: Statement = Statement {
-    name: "PurgeCandidatesDist",
-    sql: "SELECT id FROM intent.jobs
-           WHERE created_at < statement_timestamp() - $1
-             AND updated_at < statement_timestamp() - $1
-             AND state IN ('succeeded', 'failed', 'cancelled')
-             AND ($3::text IS NULL OR owner_id::text = $3::text)
-           ORDER BY created_at
-           LIMIT $2",
-    args: &[pg_sys::INTERVALOID, pg_sys::INT4OID, pg_sys::TEXTOID],
-};
-
-/// Distributed, each candidate on its own shard: the same conditions read again under the lock,
-/// skipped if another transaction holds it.
-static LOCK_DIST: Statement = Statement {
-    name: "PurgeLockDist",
-    sql: "SELECT version::int8 FROM intent.jobs
-           WHERE id = $1
-             AND created_at < statement_timestamp() - $2
-             AND updated_at < statement_timestamp() - $2
-             AND state IN ('succeeded', 'failed', 'cancelled')
-             AND ($3::text IS NULL OR owner_id::text = $3::text)
-             FOR UPDATE SKIP LOCKED",
-    args: &[pg_sys::UUIDOID, pg_sys::INTERVALOID, pg_sys::TEXTOID],
-};
-
-static EVENTS_DIST: Statement = Statement {
-    name: "PurgeEventsDist",
-    sql: "DELETE FROM intent.events WHERE job_id = $1",
-    args: &[pg_sys::UUIDOID],
-};
-
-/// Its attempts go with it (ON DELETE CASCADE, on the same shard).
-static JOB_DIST: Statement = Statement {
-    name: "PurgeJobDist",
-    sql: "DELETE FROM intent.jobs WHERE id = $1",
-    args: &[pg_sys::UUIDOID],
-};
-
-static RETIRE_DIST: Statement = Statement {
-    name: "RetireDist",
-    sql: "INSERT INTO intent.retired_keys (id, version, retired_at)
-          VALUES ($1, $2, statement_timestamp())
-          ON CONFLICT (id) DO UPDATE SET version = excluded.version, retired_at = excluded.retired_at",
-    args: &[pg_sys::UUIDOID, pg_sys::INT8OID],
-};
-
-/// A purge batch in the distributed mode: each job removed is a single-shard transaction part.
-fn purge_dist(client: &mut pgrx::spi::SpiClient<'_>, retention: Interval, batch_size: i32) -> i64 {
-    let owner = crate::owner::bound_owner();
-    let candidates: Vec<pgrx::Uuid> = plans::run(
-        client,
-        &CANDIDATES_DIST,
-        &[retention.into(), batch_size.into(), owner.as_deref().into()],
-    )
-    .map(|row| {
-        row.get::<pgrx::Uuid>(1)
-            .ok()
-            .flatten()
-            .expect("ids are NOT NULL")
-    })
-    .collect();
-    let mut purged = 0;
-    for id in candidates {
-        let Some(row) = plans::first(plans::run(
-            client,
-            &LOCK_DIST,
-            &[id.into(), retention.into(), owner.as_deref().into()],
-        )) else {
-            continue;
-        };
-        let version: i64 = plans::must(&row, 1);
-        plans::run(client, &EVENTS_DIST, &[id.into()]);
-        plans::run(client, &JOB_DIST, &[id.into()]);
-        plans::run(client, &RETIRE_DIST, &[id.into(), version.into()]);
-        purged += 1;
-    }
-    purged
-}
-
 crate::entry::sql_function!(purge, purge_entry);
 
 /// `intent.purge(older_than, batch_size)` → bigint.
@@ -194,15 +84,6 @@ fn purge(older_than: Option<Interval>, batch_size: Option<i32>) -> Answer<i64> {
                 .detail(format!("The retention is {retention}."))
                 .hint("Keep finished jobs longer than any client's retry window: after a purge the same key creates a new job."));
         }
-        if crate::dist::distributed() {
-            return Ok(purge_dist(client, retention, batch_size));
-        }
-        let row = plans::first(plans::run(
-            client,
-            &PURGE_BATCH,
-            &[retention.into(), batch_size.into()],
-        ))
-        .expect("count(*) returns a row");
-        Ok(plans::must(&row, 1))
+        Ok(crate::store::get().purge(client, retention, batch_size))
     })
 }

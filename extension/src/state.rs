@@ -8,24 +8,12 @@
 
 pub use pg_intent_protocol::state::{AttemptState, JobState, effective_attempt, effective_job};
 pub(crate) use pg_intent_protocol::{
-    lapsed_sql, live_sql, open_attempt_states_sql, open_job_states_sql, past_deadline_sql,
+    lapsed_sql, live_sql, open_attempt_states_sql, open_job_states_sql,
 };
 
 use crate::plans;
 use pgrx::spi::SpiTupleTable;
 use std::str::FromStr;
-
-/// Whether `intent.jobs` has `retry_at` (0.3.0 on). The library may be newer than the catalog
-/// between installing a new release and `ALTER EXTENSION pg_intent UPDATE`; meanwhile the calls
-/// that write it use their 0.2.0 statements (and `claim_attempts` does not exist yet).
-pub fn catalog_has_retry_at() -> bool {
-    // SAFETY: syscache lookups by name (three hash probes: cheap next to any statement).
-    unsafe {
-        let ns = pgrx::pg_sys::get_namespace_oid(c"intent".as_ptr(), false);
-        let rel = pgrx::pg_sys::get_relname_relid(c"jobs".as_ptr(), ns);
-        rel != pgrx::pg_sys::InvalidOid && pgrx::pg_sys::get_attnum(rel, c"retry_at".as_ptr()) > 0
-    }
-}
 
 /// Reads a state column (written `state::text` in the statement) of the current row.
 pub fn read<S: FromStr>(row: &SpiTupleTable<'_>, ordinal: usize) -> S

@@ -6,6 +6,7 @@ use crate::jsonb::Jsonb;
 use crate::plans::{self, Statement};
 use crate::refusal::{self, Answer};
 use crate::state::{JobState, lapsed_sql};
+use crate::store::{self, Comparison, Intent};
 use pg_intent_protocol::FingerprintField;
 use pgrx::IntoDatum;
 use pgrx::Uuid;
@@ -21,7 +22,7 @@ use pgrx::spi::SpiClient;
 static INSERT_JOB: Statement = Statement {
     name: "InsertJob",
     // $8, the first version, is above the last version of a purged job of the same key (see
-    // direct::first_version): a late report from one of the purged job's attempts, whose ids
+    // store::rules::first_version): a late report from one of the purged job's attempts, whose ids
     // the new job reuses, then presents a version the new job never handed out.
     sql: "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts,
                                    version, created_at, updated_at)
@@ -53,77 +54,6 @@ static RUNNING_LAPSED: Statement = Statement {
     ),
     args: &[pg_sys::UUIDOID],
 };
-
-/// The replay lookup in the distributed mode: the direct index fetch (direct.rs) would read the
-/// coordinator's shell of `intent.jobs`, which holds no rows, so the lookup is a statement,
-/// routed by the job id to its shard.
-static FIND_JOB_DIST: Statement = Statement {
-    name: "FindJobDist",
-    sql:
-        "SELECT owner_id::text, owner_id = $2 AND idempotency_key = $3, provider = $4, params = $5,
-                 contract IS NOT DISTINCT FROM $6, state::text, version, result
-            FROM intent.jobs WHERE id = $1",
-    args: &[
-        pg_sys::UUIDOID,
-        pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
-        pg_sys::JSONBOID,
-        pg_sys::TEXTOID,
-    ],
-};
-
-/// `direct::first_version` in the distributed mode (the tombstone lives on the job's shard).
-static FIRST_VERSION_DIST: Statement = Statement {
-    name: "FirstVersionDist",
-    sql: "SELECT version FROM intent.retired_keys WHERE id = $1",
-    args: &[pg_sys::UUIDOID],
-};
-
-/// The first version a new job of this id may hand out (see `direct::first_version`).
-fn first_version(client: &mut SpiClient<'_>, job_id: Uuid) -> i64 {
-    if !crate::dist::distributed() {
-        return crate::direct::first_version(job_id);
-    }
-    plans::first(plans::run(client, &FIRST_VERSION_DIST, &[job_id.into()]))
-        .map_or(1, |row| plans::must::<i64>(&row, 1) + 1)
-}
-
-/// `direct::find_job` in the distributed mode: the same answer, read by a routed statement, and
-/// owner isolation applied here (the policies run on the workers, which do not know the
-/// session's binding).
-fn find_job_dist(client: &mut SpiClient<'_>, intent: &Intent<'_>) -> Option<crate::direct::Found> {
-    let row = plans::first(plans::run(
-        client,
-        &FIND_JOB_DIST,
-        &[
-            intent.job_id.into(),
-            intent.owner_id.into(),
-            intent.key.into(),
-            intent.provider.into(),
-            intent.params.into(),
-            intent.contract.into(),
-        ],
-    ))?;
-    let owner: String = plans::must(&row, 1);
-    if crate::owner::bound_owner().is_some_and(|bound| bound != owner) {
-        return None;
-    }
-    Some(crate::direct::Found {
-        comparison: Comparison {
-            same_key: plans::must(&row, 2),
-            same_provider: plans::must(&row, 3),
-            same_params: plans::must(&row, 4),
-            same_contract: plans::must(&row, 5),
-        },
-        state: crate::state::read(&row, 6),
-        version: plans::must(&row, 7),
-        result: row
-            .get::<crate::jsonb::CallJsonb>(8)
-            .unwrap_or_else(|e| panic!("pg_intent: cannot read column 8: {e}"))
-            .map(|j| j.0),
-    })
-}
 
 /// How many times `submit_job` inserts after a lookup found no job and the insert then found
 /// one it cannot see (a purge removed it in between). Each round means another concurrent
@@ -200,7 +130,7 @@ fn submit(
         for _ in 0..SUBMIT_ROUNDS {
             // Read after a lookup that found no job: if a purge removed the job, its tombstone
             // committed with the removal and is visible here.
-            let first_version = first_version(client, job_id);
+            let first_version = store::get().first_version(client, job_id);
             let inserted = plans::run(
                 client,
                 &INSERT_JOB,
@@ -234,31 +164,10 @@ fn submit(
     })
 }
 
-/// One submit's intent, as the lookup needs it.
-struct Intent<'a> {
-    job_id: Uuid,
-    owner_id: &'a str,
-    key: &'a str,
-    provider: &'a str,
-    params: Jsonb,
-    contract: Option<&'a str>,
-}
-
 /// The existing job of this key, judged against the intent: the job (a replay), or IJ001 when
 /// the key was used for another intent. None when there is no such job.
 fn find(client: &mut SpiClient<'_>, intent: &Intent<'_>) -> Option<Answer<Submitted>> {
-    let found = if crate::dist::distributed() {
-        find_job_dist(client, intent)?
-    } else {
-        crate::direct::find_job(
-            intent.job_id,
-            intent.owner_id,
-            intent.key,
-            intent.provider,
-            intent.params,
-            intent.contract,
-        )?
-    };
+    let found = store::get().find_job(client, intent)?;
     let job_id = intent.job_id;
     let state = verdict(
         job_id,
@@ -279,16 +188,6 @@ fn find(client: &mut SpiClient<'_>, intent: &Intent<'_>) -> Option<Answer<Submit
         version: found.version,
         result: found.result,
     }))
-}
-
-/// How an existing job of a key compares with the intent submitted again.
-pub struct Comparison {
-    /// The job's (owner_id, idempotency_key) is the submitted one (not another key whose id
-    /// collides with it).
-    pub same_key: bool,
-    pub same_provider: bool,
-    pub same_params: bool,
-    pub same_contract: bool,
 }
 
 impl Comparison {

@@ -13,21 +13,12 @@
 //! - owner isolation applied explicitly, since row-level security is a planner feature: a
 //!   session bound to another owner does not see the row, exactly as the policy would hide it.
 
+use super::{Comparison, Found, Intent};
 use crate::jsonb::Jsonb;
 use crate::owner;
-use crate::state::JobState;
-use crate::submit::Comparison;
 use pgrx::pg_sys;
 use pgrx::{FromDatum, Uuid};
 use std::cell::Cell;
-
-/// What `submit_job` needs to know about an existing job.
-pub struct Found {
-    pub comparison: Comparison,
-    pub state: JobState,
-    pub version: i64,
-    pub result: Option<Jsonb>,
-}
 
 /// The columns read, by attribute number, resolved once per table.
 #[derive(Clone, Copy)]
@@ -140,14 +131,15 @@ unsafe fn text(slot: *mut pg_sys::TupleTableSlot, attnum: i16) -> Option<String>
 
 /// The job with this id, compared with the submitted intent; None when there is none (or it
 /// belongs to an owner this session is not bound to).
-pub fn find_job(
-    job_id: Uuid,
-    owner_id: &str,
-    key: &str,
-    provider: &str,
-    params: Jsonb,
-    contract: Option<&str>,
-) -> Option<Found> {
+pub fn find_job(intent: &Intent<'_>) -> Option<Found> {
+    let Intent {
+        job_id,
+        owner_id,
+        key,
+        provider,
+        params,
+        contract,
+    } = *intent;
     unsafe {
         with_row(c"jobs", c"jobs_pkey", job_id, |relid, slot| {
             let cols = columns(relid);
@@ -193,14 +185,13 @@ pub fn find_job(
     }
 }
 
-/// The first version a new job of this id may hand out: above the last version of a purged
-/// job with the same id (intent.retired_keys), else 1.
-pub fn first_version(job_id: Uuid) -> i64 {
+/// The last version a purged job with this id handed out (its tombstone in
+/// intent.retired_keys), if any.
+pub fn retired_version(job_id: Uuid) -> Option<i64> {
     unsafe {
         with_row(c"retired_keys", c"retired_keys_pkey", job_id, |_, slot| {
             // retired_keys is (id, version, retired_at).
             i64::from_datum(value(slot, 2).0, false)
         })
     }
-    .map_or(1, |last| last + 1)
 }
