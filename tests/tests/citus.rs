@@ -299,7 +299,8 @@ async fn every_call_on_a_job_is_one_single_shard_transaction() {
         let r = routed(&c, &notices, &sql).await;
         assert_eq!((r.ports.len(), r.groups.len()), (1, 1), "{sql}: {r:?}");
     }
-    // Maintenance and the views read every shard, by design (SPEC § Scale-out).
+    // Maintenance and the views read every shard, by design (docs/scale-out.md, "Which calls
+    // are routed, which fan out").
     for _ in 0..20 {
         let k = format!(
             "fan-{}",
