@@ -1373,3 +1373,127 @@ async fn contracts_failover_and_batches_work_distributed() {
         .collect();
     assert_eq!(again, [false, false, false]);
 }
+
+/// The fenced block of docs/scale-out.md whose first line is `first`: the tests below run what
+/// the page tells a reader to run, not a copy of it.
+fn scale_out_block(first: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/scale-out.md");
+    let page =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let mut lines = page.lines();
+    while let Some(line) = lines.next() {
+        if line.starts_with("```") && lines.clone().next() == Some(first) {
+            return lines
+                .take_while(|l| !l.starts_with("```"))
+                .map(|l| format!("{l}\n"))
+                .collect();
+        }
+    }
+    panic!("docs/scale-out.md has no block starting with {first:?}")
+}
+
+/// Runs `sql` with psql (the client the page's blocks are written for: `\copy`) in database
+/// `db` of `node`, in directory `dir`, stopping at the first error; what it printed (`-At`).
+fn psql(node: &Cluster, db: &str, sql: &str, dir: &Path) -> String {
+    use std::io::Write;
+    let mut child = Command::new(node.bin().join("psql"))
+        .args(["-X", "-At", "-v", "ON_ERROR_STOP=1", "-d"])
+        .arg(node.conn_str(db))
+        .current_dir(dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run psql");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(sql.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "psql on {}:\n{sql}\nstdout:\n{}\nstderr:\n{}",
+        node.port(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A scratch directory for psql's files, removed when dropped.
+struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    fn new(prefix: &str) -> ScratchDir {
+        let dir = std::env::temp_dir().join(format!(
+            "{prefix}_{}_{}",
+            std::process::id(),
+            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        std::fs::create_dir(&dir).unwrap();
+        ScratchDir(dir)
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Issue 25: `citus_shards` (and `citus_tables`) leave out tables an extension owns, so they
+/// show nothing of pg_intent's; the query docs/scale-out.md gives instead (from
+/// `pg_dist_shard` and `pg_dist_placement`) shows every table's shards, node by node.
+#[tokio::test]
+async fn the_documented_shard_query_shows_where_pg_intents_shards_are() {
+    let n = citus_or_skip!();
+    let db = distributed_db(n, "citus_shard_query").await;
+    let c = db.connect().await;
+    let in_citus_shards: i64 = c
+        .query_one(
+            "SELECT count(*) FROM citus_shards WHERE table_name::text LIKE 'intent.%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        in_citus_shards, 0,
+        "Citus's view leaves extension tables out"
+    );
+    let dir = ScratchDir::new("citus_shard_query");
+    let shown = psql(
+        &n.coordinator,
+        &db.name,
+        &scale_out_block("-- Where pg_intent's shards are (on the coordinator)"),
+        &dir.0,
+    );
+    let rows: BTreeSet<String> = shown.lines().map(str::to_string).collect();
+    let shards: i32 = c
+        .query_one("SHOW citus.shard_count", &[])
+        .await
+        .unwrap()
+        .get::<_, String>(0)
+        .parse()
+        .unwrap();
+    let mut expected = BTreeSet::new();
+    for table in ["jobs", "attempts", "events", "retired_keys"] {
+        // 32 shards over two workers: 16 each.
+        for w in &n.workers {
+            expected.insert(format!(
+                "intent.{table}|127.0.0.1|{}|{}",
+                w.port(),
+                shards / 2
+            ));
+        }
+    }
+    for table in ["contracts", "certifications"] {
+        // A reference table: one shard, a copy on every node, the coordinator's included.
+        for node in std::iter::once(&n.coordinator).chain(&n.workers) {
+            expected.insert(format!("intent.{table}|127.0.0.1|{}|1", node.port()));
+        }
+    }
+    assert_eq!(rows, expected, "{shown}");
+}
