@@ -1497,3 +1497,238 @@ async fn the_documented_shard_query_shows_where_pg_intents_shards_are() {
     }
     assert_eq!(rows, expected, "{shown}");
 }
+
+/// Issue 25: the way docs/scale-out.md adds a worker, run as written on a real cluster: a third
+/// worker joins a database with jobs in every state the four failure points leave them in,
+/// `distribute()` prepares it, the rebalance (`block_writes`: the default mode needs
+/// `wal_level = logical`) moves shards onto it, and the jobs that moved behave as before:
+/// a replay returns the stored result, another input under a key is refused, an unknown
+/// attempt's late result still wins, a result after the winner loses, a double click makes one
+/// job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_added_as_documented_takes_shards_and_the_failure_points_hold() {
+    let n = citus_or_skip!();
+    let db = distributed_db(n, "citus_add_doc").await;
+    let c = db.connect().await;
+    let bin = citus_bin().expect("Citus");
+    let extra = Cluster::start_in(
+        &bin,
+        &[
+            ("shared_preload_libraries", "citus"),
+            ("max_prepared_transactions", "100"),
+        ],
+    );
+    const KEYS: usize = 24;
+    let mut done = Vec::new();
+    let mut open = Vec::new();
+    let mut raced = Vec::new();
+    for i in 0..KEYS {
+        // Succeeded: the replay must return this result.
+        let job = submit(&c, "u", &format!("done-{i}"), "gpu", &json!({"i": i}))
+            .await
+            .unwrap()
+            .job_id;
+        let a = begin(&c, job, None, "30 seconds").await.unwrap();
+        complete(&c, a.attempt_id, a.version, &json!({"r": i}))
+            .await
+            .unwrap();
+        done.push(job);
+        // Running, with a long lease: it times out after the move, and its result comes late.
+        let job = submit(&c, "u", &format!("open-{i}"), "gpu", &json!({}))
+            .await
+            .unwrap()
+            .job_id;
+        open.push((job, begin(&c, job, None, "1 hour").await.unwrap()));
+        // A first attempt unknown and abandoned, a second running: two results to come.
+        let job = submit(&c, "u", &format!("race-{i}"), "gpu", &json!({}))
+            .await
+            .unwrap()
+            .job_id;
+        let first = begin(&c, job, None, "1 hour").await.unwrap();
+        mark_unknown(&c, first.attempt_id, Some("client timeout"))
+            .await
+            .unwrap();
+        abandon(&c, first.attempt_id, "retry it").await.unwrap();
+        let second = begin(&c, job, None, "1 hour").await.unwrap();
+        raced.push((job, first, second));
+    }
+    let jobs_before: i64 = c
+        .query_one("SELECT count(*) FROM intent.jobs", &[])
+        .await
+        .unwrap()
+        .get(0);
+    // The new worker as the page's prerequisites say: the database, Citus in it.
+    extra
+        .connect("postgres")
+        .await
+        .batch_execute(&format!("CREATE DATABASE {}", db.name))
+        .await
+        .unwrap();
+    extra
+        .connect(&db.name)
+        .await
+        .batch_execute("CREATE EXTENSION citus")
+        .await
+        .unwrap();
+    let steps =
+        scale_out_block("-- On the coordinator: add the worker, prepare it, move shards onto it")
+            .replace(
+                "'worker-3.internal', 5432",
+                &format!("'127.0.0.1', {}", extra.port()),
+            );
+    let dir = ScratchDir::new("citus_add_doc");
+    let started = std::time::Instant::now();
+    let printed = {
+        let _one_at_a_time = SETUP.lock().await;
+        psql(&n.coordinator, &db.name, &steps, &dir.0)
+    };
+    eprintln!(
+        "the documented steps to add a worker took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        printed.contains(&format!(
+            "already distributed; prepared the worker(s) 127.0.0.1:{}",
+            extra.port()
+        )),
+        "{printed}"
+    );
+    let on_extra: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid)
+               JOIN pg_dist_shard s USING (shardid)
+              WHERE s.logicalrelid = 'intent.jobs'::regclass AND n.nodeport = $1",
+            &[&i32::from(extra.port())],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        on_extra > 0,
+        "the rebalance moved shards of jobs to the new worker"
+    );
+    let left: i64 = c
+        .query_one("SELECT count(*) FROM pg_dist_cleanup", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "the moved shards' old copies are gone");
+    // The documented shard query shows the new worker too.
+    let shown = psql(
+        &n.coordinator,
+        &db.name,
+        &scale_out_block("-- Where pg_intent's shards are (on the coordinator)"),
+        &dir.0,
+    );
+    assert!(
+        shown.contains(&format!(
+            "intent.jobs|127.0.0.1|{}|{on_extra}",
+            extra.port()
+        )),
+        "{shown}"
+    );
+    let jobs_after: i64 = c
+        .query_one("SELECT count(*) FROM intent.jobs", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(jobs_after, jobs_before, "every job survived the move");
+
+    let port_of = |job: Uuid| {
+        let c = &c;
+        async move {
+            c.query_one(
+                &format!(
+                    "SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid)
+                      WHERE p.shardid = get_shard_id_for_distribution_column('intent.jobs', '{job}')"
+                ),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i32>(0)
+        }
+    };
+    let extra_port = i32::from(extra.port());
+    let mut moved = [0; 3];
+    for (i, job) in done.iter().enumerate() {
+        moved[0] += usize::from(port_of(*job).await == extra_port);
+        let replay = submit(&c, "u", &format!("done-{i}"), "gpu", &json!({"i": i}))
+            .await
+            .unwrap();
+        assert_eq!(
+            (
+                replay.job_id,
+                replay.created,
+                replay.state.as_str(),
+                replay.result
+            ),
+            (*job, false, "succeeded", Some(json!({"r": i}))),
+            "a replay after the move"
+        );
+        refusal(
+            submit(&c, "u", &format!("done-{i}"), "gpu", &json!({"i": "other"})).await,
+            "IJ001",
+        );
+    }
+    for (job, a) in &open {
+        moved[1] += usize::from(port_of(*job).await == extra_port);
+        mark_unknown(&c, a.attempt_id, Some("timer")).await.unwrap();
+        let e = refusal(begin(&c, *job, None, "30 seconds").await, "IJ003");
+        assert!(e.message.contains("unknown"), "{e:?}");
+        assert_eq!(
+            complete(&c, a.attempt_id, a.version, &json!({"late": true}))
+                .await
+                .unwrap(),
+            "won",
+            "an unknown attempt's result still wins after the move"
+        );
+        assert_eq!(job_row(&c, *job).await.state, "succeeded");
+    }
+    for (job, first, second) in &raced {
+        moved[2] += usize::from(port_of(*job).await == extra_port);
+        assert_eq!(
+            complete(&c, second.attempt_id, second.version, &json!({"by": 2}))
+                .await
+                .unwrap(),
+            "won"
+        );
+        assert_eq!(
+            complete(&c, first.attempt_id, first.version, &json!({"by": 1}))
+                .await
+                .unwrap(),
+            "lost"
+        );
+        let kinds: Vec<String> = event_rows(&c, *job)
+            .await
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(kinds, ["timeout", "abandoned", "late_result"]);
+    }
+    assert!(
+        moved.iter().all(|&m| m > 0),
+        "jobs of every kind moved to the new worker: {moved:?} of {KEYS}"
+    );
+    // A double click on a job whose shard is on the new worker: one job.
+    let mut k = 0;
+    let key = loop {
+        let key = format!("click-{k}");
+        if port_of(job_id_of("u", &key)).await == extra_port {
+            break key;
+        }
+        k += 1;
+    };
+    let clients = db.connect_many(12, "citus_add_doc").await;
+    let answers = stampede(&clients, |_, c| {
+        let key = key.clone();
+        async move { submit(&c, "u", &key, "gpu", &json!({"seed": 7})).await }
+    })
+    .await;
+    let answers: Vec<Submitted> = answers.into_iter().map(|a| a.unwrap()).collect();
+    assert_eq!(
+        answers.iter().filter(|a| a.created).count(),
+        1,
+        "{answers:?}"
+    );
+}
