@@ -1732,3 +1732,116 @@ async fn a_worker_added_as_documented_takes_shards_and_the_failure_points_hold()
         "{answers:?}"
     );
 }
+
+/// Issue 25: removing pg_intent from a distributed database as docs/scale-out.md says, run as
+/// written: the rows copied out first, then the removal on the coordinator. Afterwards no node
+/// has anything of pg_intent's (extension, schema, tables, shards, Citus's records of them),
+/// the page's check says so, and the database takes pg_intent again (created and distributed
+/// anew, without the old rows).
+#[tokio::test]
+async fn removing_it_as_documented_leaves_nothing_on_any_node() {
+    let n = citus_or_skip!();
+    let db = distributed_db(n, "citus_remove").await;
+    let c = db.connect().await;
+    c.batch_execute("SELECT intent.define_contract('img', '{\"type\": \"object\"}')")
+        .await
+        .unwrap();
+    let job = submit(&c, "u", "kept", "gpu", &json!({"prompt": "a cat"}))
+        .await
+        .unwrap()
+        .job_id;
+    let a = begin(&c, job, None, "30 seconds").await.unwrap();
+    complete(&c, a.attempt_id, a.version, &json!({"url": "cat.png"}))
+        .await
+        .unwrap();
+    for i in 0..10 {
+        submit(&c, "u", &format!("pending-{i}"), "gpu", &json!({}))
+            .await
+            .unwrap();
+    }
+    let dir = ScratchDir::new("citus_remove");
+    psql(
+        &n.coordinator,
+        &db.name,
+        &scale_out_block("-- On the coordinator, in psql: keep the rows (optional)"),
+        &dir.0,
+    );
+    let lines = |table: &str| {
+        std::fs::read_to_string(dir.0.join(format!("intent_{table}.csv")))
+            .unwrap_or_else(|e| panic!("intent_{table}.csv: {e}"))
+    };
+    assert_eq!(
+        lines("jobs").lines().count(),
+        1 + 11,
+        "a header and every job"
+    );
+    assert!(lines("jobs").contains("cat.png"), "with its result");
+    assert_eq!(lines("attempts").lines().count(), 1 + 1);
+    assert_eq!(lines("contracts").lines().count(), 1 + 1);
+    for table in ["events", "retired_keys", "certifications"] {
+        assert_eq!(lines(table).lines().count(), 1, "{table}: a header");
+    }
+    drop(c);
+    psql(
+        &n.coordinator,
+        &db.name,
+        &scale_out_block("-- On the coordinator, as a superuser: remove pg_intent from every node"),
+        &dir.0,
+    );
+    let checked = psql(
+        &n.coordinator,
+        &db.name,
+        &scale_out_block("-- Then, on the coordinator: every node answers 0"),
+        &dir.0,
+    );
+    assert_eq!(
+        checked.lines().collect::<Vec<_>>(),
+        ["1|0", "2|0", "3|0"],
+        "the page's check"
+    );
+    let leftovers = "SELECT concat_ws(', ',
+           (SELECT string_agg(extname, ' ') FROM pg_extension WHERE extname = 'pg_intent'),
+           (SELECT string_agg(nspname, ' ') FROM pg_namespace WHERE nspname = 'intent'),
+           (SELECT string_agg(relname, ' ') FROM pg_class
+             WHERE relname ~ '^(jobs|attempts|events|retired_keys|contracts|certifications)(_[0-9]+)?$'),
+           (SELECT string_agg(evtname, ' ') FROM pg_event_trigger WHERE evtname LIKE 'intent%'),
+           (SELECT string_agg(proname, ' ') FROM pg_proc WHERE proname IN ('submit_job', 'distribute', 'owner_admits')),
+           (SELECT string_agg(logicalrelid::text, ' ') FROM pg_dist_partition),
+           (SELECT 'shards ' || count(*) FROM pg_dist_shard HAVING count(*) > 0),
+           (SELECT 'stale pg_dist_object ' || count(*) FROM pg_dist_object o
+             WHERE (o.classid = 'pg_extension'::regclass AND NOT EXISTS (SELECT FROM pg_extension e WHERE e.oid = o.objid))
+                OR (o.classid = 'pg_namespace'::regclass AND NOT EXISTS (SELECT FROM pg_namespace s WHERE s.oid = o.objid))
+            HAVING count(*) > 0))";
+    for node in std::iter::once(&n.coordinator).chain(&n.workers) {
+        let left: String = node
+            .connect(&db.name)
+            .await
+            .query_one(leftovers, &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(left, "", "left of pg_intent on {}", node.port());
+    }
+    // The database takes pg_intent again; the old rows are gone (they are in the files).
+    let c = db.connect().await;
+    c.batch_execute("CREATE EXTENSION pg_intent").await.unwrap();
+    let answer: String = {
+        let _one_at_a_time = SETUP.lock().await;
+        c.query_one("SELECT intent.distribute()", &[])
+            .await
+            .unwrap_or_else(|e| panic!("distribute() again: {:?}", SqlError::from_error(&e)))
+            .get(0)
+    };
+    assert!(answer.starts_with("distributed"), "{answer}");
+    let again = submit(&c, "u", "kept", "gpu", &json!({"prompt": "a cat"}))
+        .await
+        .unwrap();
+    assert!(again.created, "a new job: the old one went with the tables");
+    let a = begin(&c, again.job_id, None, "30 seconds").await.unwrap();
+    assert_eq!(
+        complete(&c, a.attempt_id, a.version, &json!({}))
+            .await
+            .unwrap(),
+        "won"
+    );
+}
