@@ -299,7 +299,8 @@ async fn every_call_on_a_job_is_one_single_shard_transaction() {
         let r = routed(&c, &notices, &sql).await;
         assert_eq!((r.ports.len(), r.groups.len()), (1, 1), "{sql}: {r:?}");
     }
-    // Maintenance and the views read every shard, by design (SPEC § Scale-out).
+    // Maintenance and the views read every shard, by design (docs/scale-out.md, "Which calls
+    // are routed, which fan out").
     for _ in 0..20 {
         let k = format!(
             "fan-{}",
@@ -1371,4 +1372,476 @@ async fn contracts_failover_and_batches_work_distributed() {
         .map(|r| r.get(0))
         .collect();
     assert_eq!(again, [false, false, false]);
+}
+
+/// The fenced block of docs/scale-out.md whose first line is `first`: the tests below run what
+/// the page tells a reader to run, not a copy of it.
+fn scale_out_block(first: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/scale-out.md");
+    let page =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let mut lines = page.lines();
+    while let Some(line) = lines.next() {
+        if line.starts_with("```") && lines.clone().next() == Some(first) {
+            return lines
+                .take_while(|l| !l.starts_with("```"))
+                .map(|l| format!("{l}\n"))
+                .collect();
+        }
+    }
+    panic!("docs/scale-out.md has no block starting with {first:?}")
+}
+
+/// Runs `sql` with psql (the client the page's blocks are written for: `\copy`) in database
+/// `db` of `node`, in directory `dir`, stopping at the first error; what it printed (`-At`).
+fn psql(node: &Cluster, db: &str, sql: &str, dir: &Path) -> String {
+    use std::io::Write;
+    let mut child = Command::new(node.bin().join("psql"))
+        .args(["-X", "-At", "-v", "ON_ERROR_STOP=1", "-d"])
+        .arg(node.conn_str(db))
+        .current_dir(dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run psql");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(sql.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "psql on {}:\n{sql}\nstdout:\n{}\nstderr:\n{}",
+        node.port(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A scratch directory for psql's files, removed when dropped.
+struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    fn new(prefix: &str) -> ScratchDir {
+        let dir = std::env::temp_dir().join(format!(
+            "{prefix}_{}_{}",
+            std::process::id(),
+            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        std::fs::create_dir(&dir).unwrap();
+        ScratchDir(dir)
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Issue 25: `citus_shards` (and `citus_tables`) leave out tables an extension owns, so they
+/// show nothing of pg_intent's; the query docs/scale-out.md gives instead (from
+/// `pg_dist_shard` and `pg_dist_placement`) shows every table's shards, node by node.
+#[tokio::test]
+async fn the_documented_shard_query_shows_where_pg_intents_shards_are() {
+    let n = citus_or_skip!();
+    let db = distributed_db(n, "citus_shard_query").await;
+    let c = db.connect().await;
+    let in_citus_shards: i64 = c
+        .query_one(
+            "SELECT count(*) FROM citus_shards WHERE table_name::text LIKE 'intent.%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        in_citus_shards, 0,
+        "Citus's view leaves extension tables out"
+    );
+    let dir = ScratchDir::new("citus_shard_query");
+    let shown = psql(
+        &n.coordinator,
+        &db.name,
+        &scale_out_block("-- Where pg_intent's shards are (on the coordinator)"),
+        &dir.0,
+    );
+    let rows: BTreeSet<String> = shown.lines().map(str::to_string).collect();
+    let shards: i32 = c
+        .query_one("SHOW citus.shard_count", &[])
+        .await
+        .unwrap()
+        .get::<_, String>(0)
+        .parse()
+        .unwrap();
+    let mut expected = BTreeSet::new();
+    for table in ["jobs", "attempts", "events", "retired_keys"] {
+        // 32 shards over two workers: 16 each.
+        for w in &n.workers {
+            expected.insert(format!(
+                "intent.{table}|127.0.0.1|{}|{}",
+                w.port(),
+                shards / 2
+            ));
+        }
+    }
+    for table in ["contracts", "certifications"] {
+        // A reference table: one shard, a copy on every node, the coordinator's included.
+        for node in std::iter::once(&n.coordinator).chain(&n.workers) {
+            expected.insert(format!("intent.{table}|127.0.0.1|{}|1", node.port()));
+        }
+    }
+    assert_eq!(rows, expected, "{shown}");
+}
+
+/// Issue 25: the way docs/scale-out.md adds a worker, run as written on a real cluster: a third
+/// worker joins a database with jobs in every state the four failure points leave them in,
+/// `distribute()` prepares it, the rebalance (`block_writes`: the default mode needs
+/// `wal_level = logical`) moves shards onto it, and the jobs that moved behave as before:
+/// a replay returns the stored result, another input under a key is refused, an unknown
+/// attempt's late result still wins, a result after the winner loses, a double click makes one
+/// job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_added_as_documented_takes_shards_and_the_failure_points_hold() {
+    let n = citus_or_skip!();
+    let db = distributed_db(n, "citus_add_doc").await;
+    let c = db.connect().await;
+    let bin = citus_bin().expect("Citus");
+    let extra = Cluster::start_in(
+        &bin,
+        &[
+            ("shared_preload_libraries", "citus"),
+            ("max_prepared_transactions", "100"),
+        ],
+    );
+    const KEYS: usize = 24;
+    let mut done = Vec::new();
+    let mut open = Vec::new();
+    let mut raced = Vec::new();
+    for i in 0..KEYS {
+        // Succeeded: the replay must return this result.
+        let job = submit(&c, "u", &format!("done-{i}"), "gpu", &json!({"i": i}))
+            .await
+            .unwrap()
+            .job_id;
+        let a = begin(&c, job, None, "30 seconds").await.unwrap();
+        complete(&c, a.attempt_id, a.version, &json!({"r": i}))
+            .await
+            .unwrap();
+        done.push(job);
+        // Running, with a long lease: it times out after the move, and its result comes late.
+        let job = submit(&c, "u", &format!("open-{i}"), "gpu", &json!({}))
+            .await
+            .unwrap()
+            .job_id;
+        open.push((job, begin(&c, job, None, "1 hour").await.unwrap()));
+        // A first attempt unknown and abandoned, a second running: two results to come.
+        let job = submit(&c, "u", &format!("race-{i}"), "gpu", &json!({}))
+            .await
+            .unwrap()
+            .job_id;
+        let first = begin(&c, job, None, "1 hour").await.unwrap();
+        mark_unknown(&c, first.attempt_id, Some("client timeout"))
+            .await
+            .unwrap();
+        abandon(&c, first.attempt_id, "retry it").await.unwrap();
+        let second = begin(&c, job, None, "1 hour").await.unwrap();
+        raced.push((job, first, second));
+    }
+    let jobs_before: i64 = c
+        .query_one("SELECT count(*) FROM intent.jobs", &[])
+        .await
+        .unwrap()
+        .get(0);
+    // The new worker as the page's prerequisites say: the database, Citus in it.
+    extra
+        .connect("postgres")
+        .await
+        .batch_execute(&format!("CREATE DATABASE {}", db.name))
+        .await
+        .unwrap();
+    extra
+        .connect(&db.name)
+        .await
+        .batch_execute("CREATE EXTENSION citus")
+        .await
+        .unwrap();
+    let steps =
+        scale_out_block("-- On the coordinator: add the worker, prepare it, move shards onto it")
+            .replace(
+                "'worker-3.internal', 5432",
+                &format!("'127.0.0.1', {}", extra.port()),
+            );
+    let dir = ScratchDir::new("citus_add_doc");
+    let started = std::time::Instant::now();
+    let printed = {
+        let _one_at_a_time = SETUP.lock().await;
+        psql(&n.coordinator, &db.name, &steps, &dir.0)
+    };
+    eprintln!(
+        "the documented steps to add a worker took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        printed.contains(&format!(
+            "already distributed; prepared the worker(s) 127.0.0.1:{}",
+            extra.port()
+        )),
+        "{printed}"
+    );
+    let on_extra: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid)
+               JOIN pg_dist_shard s USING (shardid)
+              WHERE s.logicalrelid = 'intent.jobs'::regclass AND n.nodeport = $1",
+            &[&i32::from(extra.port())],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        on_extra > 0,
+        "the rebalance moved shards of jobs to the new worker"
+    );
+    let left: i64 = c
+        .query_one("SELECT count(*) FROM pg_dist_cleanup", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "the moved shards' old copies are gone");
+    // The documented shard query shows the new worker too.
+    let shown = psql(
+        &n.coordinator,
+        &db.name,
+        &scale_out_block("-- Where pg_intent's shards are (on the coordinator)"),
+        &dir.0,
+    );
+    assert!(
+        shown.contains(&format!(
+            "intent.jobs|127.0.0.1|{}|{on_extra}",
+            extra.port()
+        )),
+        "{shown}"
+    );
+    let jobs_after: i64 = c
+        .query_one("SELECT count(*) FROM intent.jobs", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(jobs_after, jobs_before, "every job survived the move");
+
+    let port_of = |job: Uuid| {
+        let c = &c;
+        async move {
+            c.query_one(
+                &format!(
+                    "SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid)
+                      WHERE p.shardid = get_shard_id_for_distribution_column('intent.jobs', '{job}')"
+                ),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i32>(0)
+        }
+    };
+    let extra_port = i32::from(extra.port());
+    let mut moved = [0; 3];
+    for (i, job) in done.iter().enumerate() {
+        moved[0] += usize::from(port_of(*job).await == extra_port);
+        let replay = submit(&c, "u", &format!("done-{i}"), "gpu", &json!({"i": i}))
+            .await
+            .unwrap();
+        assert_eq!(
+            (
+                replay.job_id,
+                replay.created,
+                replay.state.as_str(),
+                replay.result
+            ),
+            (*job, false, "succeeded", Some(json!({"r": i}))),
+            "a replay after the move"
+        );
+        refusal(
+            submit(&c, "u", &format!("done-{i}"), "gpu", &json!({"i": "other"})).await,
+            "IJ001",
+        );
+    }
+    for (job, a) in &open {
+        moved[1] += usize::from(port_of(*job).await == extra_port);
+        mark_unknown(&c, a.attempt_id, Some("timer")).await.unwrap();
+        let e = refusal(begin(&c, *job, None, "30 seconds").await, "IJ003");
+        assert!(e.message.contains("unknown"), "{e:?}");
+        assert_eq!(
+            complete(&c, a.attempt_id, a.version, &json!({"late": true}))
+                .await
+                .unwrap(),
+            "won",
+            "an unknown attempt's result still wins after the move"
+        );
+        assert_eq!(job_row(&c, *job).await.state, "succeeded");
+    }
+    for (job, first, second) in &raced {
+        moved[2] += usize::from(port_of(*job).await == extra_port);
+        assert_eq!(
+            complete(&c, second.attempt_id, second.version, &json!({"by": 2}))
+                .await
+                .unwrap(),
+            "won"
+        );
+        assert_eq!(
+            complete(&c, first.attempt_id, first.version, &json!({"by": 1}))
+                .await
+                .unwrap(),
+            "lost"
+        );
+        let kinds: Vec<String> = event_rows(&c, *job)
+            .await
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(kinds, ["timeout", "abandoned", "late_result"]);
+    }
+    assert!(
+        moved.iter().all(|&m| m > 0),
+        "jobs of every kind moved to the new worker: {moved:?} of {KEYS}"
+    );
+    // A double click on a job whose shard is on the new worker: one job.
+    let mut k = 0;
+    let key = loop {
+        let key = format!("click-{k}");
+        if port_of(job_id_of("u", &key)).await == extra_port {
+            break key;
+        }
+        k += 1;
+    };
+    let clients = db.connect_many(12, "citus_add_doc").await;
+    let answers = stampede(&clients, |_, c| {
+        let key = key.clone();
+        async move { submit(&c, "u", &key, "gpu", &json!({"seed": 7})).await }
+    })
+    .await;
+    let answers: Vec<Submitted> = answers.into_iter().map(|a| a.unwrap()).collect();
+    assert_eq!(
+        answers.iter().filter(|a| a.created).count(),
+        1,
+        "{answers:?}"
+    );
+}
+
+/// Issue 25: removing pg_intent from a distributed database as docs/scale-out.md says, run as
+/// written: the rows copied out first, then the removal on the coordinator. Afterwards no node
+/// has anything of pg_intent's (extension, schema, tables, shards, Citus's records of them),
+/// the page's check says so, and the database takes pg_intent again (created and distributed
+/// anew, without the old rows).
+#[tokio::test]
+async fn removing_it_as_documented_leaves_nothing_on_any_node() {
+    let n = citus_or_skip!();
+    let db = distributed_db(n, "citus_remove").await;
+    let c = db.connect().await;
+    c.batch_execute("SELECT intent.define_contract('img', '{\"type\": \"object\"}')")
+        .await
+        .unwrap();
+    let job = submit(&c, "u", "kept", "gpu", &json!({"prompt": "a cat"}))
+        .await
+        .unwrap()
+        .job_id;
+    let a = begin(&c, job, None, "30 seconds").await.unwrap();
+    complete(&c, a.attempt_id, a.version, &json!({"url": "cat.png"}))
+        .await
+        .unwrap();
+    for i in 0..10 {
+        submit(&c, "u", &format!("pending-{i}"), "gpu", &json!({}))
+            .await
+            .unwrap();
+    }
+    let dir = ScratchDir::new("citus_remove");
+    psql(
+        &n.coordinator,
+        &db.name,
+        &scale_out_block("-- On the coordinator, in psql: keep the rows (optional)"),
+        &dir.0,
+    );
+    let lines = |table: &str| {
+        std::fs::read_to_string(dir.0.join(format!("intent_{table}.csv")))
+            .unwrap_or_else(|e| panic!("intent_{table}.csv: {e}"))
+    };
+    assert_eq!(
+        lines("jobs").lines().count(),
+        1 + 11,
+        "a header and every job"
+    );
+    assert!(lines("jobs").contains("cat.png"), "with its result");
+    assert_eq!(lines("attempts").lines().count(), 1 + 1);
+    assert_eq!(lines("contracts").lines().count(), 1 + 1);
+    for table in ["events", "retired_keys", "certifications"] {
+        assert_eq!(lines(table).lines().count(), 1, "{table}: a header");
+    }
+    drop(c);
+    psql(
+        &n.coordinator,
+        &db.name,
+        &scale_out_block("-- On the coordinator, as a superuser: remove pg_intent from every node"),
+        &dir.0,
+    );
+    let checked = psql(
+        &n.coordinator,
+        &db.name,
+        &scale_out_block("-- Then, on the coordinator: every node answers 0"),
+        &dir.0,
+    );
+    assert_eq!(
+        checked.lines().collect::<Vec<_>>(),
+        ["1|0", "2|0", "3|0"],
+        "the page's check"
+    );
+    let leftovers = "SELECT concat_ws(', ',
+           (SELECT string_agg(extname, ' ') FROM pg_extension WHERE extname = 'pg_intent'),
+           (SELECT string_agg(nspname, ' ') FROM pg_namespace WHERE nspname = 'intent'),
+           (SELECT string_agg(relname, ' ') FROM pg_class
+             WHERE relname ~ '^(jobs|attempts|events|retired_keys|contracts|certifications)(_[0-9]+)?$'),
+           (SELECT string_agg(evtname, ' ') FROM pg_event_trigger WHERE evtname LIKE 'intent%'),
+           (SELECT string_agg(proname, ' ') FROM pg_proc WHERE proname IN ('submit_job', 'distribute', 'owner_admits')),
+           (SELECT string_agg(logicalrelid::text, ' ') FROM pg_dist_partition),
+           (SELECT 'shards ' || count(*) FROM pg_dist_shard HAVING count(*) > 0),
+           (SELECT 'stale pg_dist_object ' || count(*) FROM pg_dist_object o
+             WHERE (o.classid = 'pg_extension'::regclass AND NOT EXISTS (SELECT FROM pg_extension e WHERE e.oid = o.objid))
+                OR (o.classid = 'pg_namespace'::regclass AND NOT EXISTS (SELECT FROM pg_namespace s WHERE s.oid = o.objid))
+            HAVING count(*) > 0))";
+    for node in std::iter::once(&n.coordinator).chain(&n.workers) {
+        let left: String = node
+            .connect(&db.name)
+            .await
+            .query_one(leftovers, &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(left, "", "left of pg_intent on {}", node.port());
+    }
+    // The database takes pg_intent again; the old rows are gone (they are in the files).
+    let c = db.connect().await;
+    c.batch_execute("CREATE EXTENSION pg_intent").await.unwrap();
+    let answer: String = {
+        let _one_at_a_time = SETUP.lock().await;
+        c.query_one("SELECT intent.distribute()", &[])
+            .await
+            .unwrap_or_else(|e| panic!("distribute() again: {:?}", SqlError::from_error(&e)))
+            .get(0)
+    };
+    assert!(answer.starts_with("distributed"), "{answer}");
+    let again = submit(&c, "u", "kept", "gpu", &json!({"prompt": "a cat"}))
+        .await
+        .unwrap();
+    assert!(again.created, "a new job: the old one went with the tables");
+    let a = begin(&c, again.job_id, None, "30 seconds").await.unwrap();
+    assert_eq!(
+        complete(&c, a.attempt_id, a.version, &json!({}))
+            .await
+            .unwrap(),
+        "won"
+    );
 }
