@@ -1,4 +1,5 @@
-//! One function per SQL function of the SPEC, plus the table reads a reconciler needs.
+//! One function per SQL function of the API (docs/reference.md § 1), plus the table reads a
+//! reconciler needs.
 
 use std::time::{Duration, SystemTime};
 

@@ -1,13 +1,12 @@
 //! Errors, by SQLSTATE.
 //!
-//! Every refusal of the SPEC has its own variant, chosen by the SQLSTATE alone. The facts a
-//! program acts on (which fields differ, which attempt blocks) come from the DETAIL's facts line
-//! (`pg_intent_protocol::facts`), never from its prose; what the server said stays reachable
-//! through [`Error::db_error`]. Errors the server
-//! raised for other reasons are [`Error::Database`]; errors where the server said nothing (I/O,
-//! a closed connection) are [`Error::Connection`]; a reply this client could not read is
-//! [`Error::Decode`]. An outcome a [`crate::Worker`] could not report is
-//! [`Error::Unreported`], which keeps it.
+//! Every refusal of docs/reference.md § 6 has its own variant, chosen by the SQLSTATE alone. The
+//! facts a program acts on (which fields differ, which attempt blocks) come from the DETAIL's facts
+//! line (`pg_intent_protocol::facts`), never from its prose; what the server said stays reachable
+//! through [`Error::db_error`]. Errors the server raised for other reasons are [`Error::Database`];
+//! errors where the server said nothing (I/O, a closed connection) are [`Error::Connection`]; a
+//! reply this client could not read is [`Error::Decode`]. An outcome a [`crate::Worker`] could not
+//! report is [`Error::Unreported`], which keeps it.
 
 use tokio_postgres::error::{DbError, SqlState};
 use uuid::Uuid;
@@ -401,13 +400,13 @@ impl Error {
         self.db_error().and_then(DbError::hint)
     }
 
-    /// The HTTP status the SPEC pairs with the error, for services that pass it on: 422, 409,
-    /// 404 and 400 for the refusals, 400 for any other data exception (SQLSTATE class `22`),
-    /// 403 for a missing privilege (`42501`, e.g. a submit for another owner than the one the
-    /// session is bound to), 503 for a connection error or a transient SQLSTATE (retry later:
-    /// a serialization failure or deadlock, a cancelled statement, a terminated backend, a
-    /// lock timeout, classes `08` and `53`; `pg_intent_protocol::sqlstate::is_transient`), 500
-    /// otherwise.
+    /// The HTTP status the README's table of errors (and `pg_intent_protocol::sqlstate`) pairs with
+    /// the error, for services that pass it on: 422, 409, 404 and 400 for the refusals, 400 for any
+    /// other data exception (SQLSTATE class `22`), 403 for a missing privilege (`42501`, e.g. a
+    /// submit for another owner than the one the session is bound to), 503 for a connection error
+    /// or a transient SQLSTATE (retry later: a serialization failure or deadlock, a cancelled
+    /// statement, a terminated backend, a lock timeout, classes `08` and `53`;
+    /// `pg_intent_protocol::sqlstate::is_transient`), 500 otherwise.
     pub fn http_status(&self) -> u16 {
         match self {
             Error::Serialize(_) => 400,

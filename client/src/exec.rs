@@ -10,7 +10,7 @@ use tokio::sync::OnceCell;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, IsolationLevel, Statement};
 
-/// One of the SQL statements this crate runs: one per SPEC function, plus the table reads of the
+/// One of the SQL statements this crate runs: one per SQL function of the API (docs/reference.md § 1), plus the table reads of the
 /// reconciler helpers.
 ///
 /// Exposed so that [`Executor`] can be implemented for other connection types (another pool, a
@@ -367,8 +367,8 @@ impl Connection {
         })
     }
 
-    /// Begins a transaction with an isolation level (see the SPEC: under `REPEATABLE READ` or
-    /// `SERIALIZABLE` a concurrent change may surface as `40001`; retry the transaction).
+    /// Begins a transaction with an isolation level (docs/protocol.md § Concurrency: under `REPEATABLE
+    /// READ` or `SERIALIZABLE` a concurrent change may surface as `40001`; retry the transaction).
     pub async fn transaction_with(
         &mut self,
         isolation: IsolationLevel,

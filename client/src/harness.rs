@@ -1,7 +1,7 @@
 //! The contract-test harness: a provider earns its certification with evidence.
 //!
 //! Failover to a provider is allowed only while it holds a current certification for the job's
-//! contract (SPEC § Contracts and failover). This module produces that certification the only
+//! contract (docs/protocol.md § Contracts and failover). This module produces that certification the only
 //! honest way: it runs a suite of real inputs through the real round trip — render the prompt,
 //! call the provider, parse its answer — several times each at a low temperature, has **the
 //! database** check every output against the contract ([`crate::validate_result`]: the

@@ -36,8 +36,9 @@
 //!   [`harness::Provider`] — an OpenAI-compatible API with the `openai` feature — has the
 //!   database judge every output ([`validate_result`]), and calls [`certify_provider`] with the
 //!   evidence only when every run of every case passed.
-//! * **Ids before the database**: [`job_id`] and [`attempt_id`] compute the SPEC's derived ids
-//!   (from [`pg_intent_protocol`]), so a load balancer or a log line can name a job first.
+//! * **Ids before the database**: [`job_id`] and [`attempt_id`] compute the derived ids of
+//!   docs/reference.md § 1.4 (from [`pg_intent_protocol`]), so a load balancer or a log line
+//!   can name a job first.
 //!
 //! # Connections, transactions and pools
 //!
@@ -236,7 +237,7 @@ mod tests {
         ));
     }
 
-    /// The SPEC's test vectors, through the client's typed API.
+    /// The id test vectors of docs/reference.md § 1.4, through the client's typed API.
     #[test]
     fn spec_vectors() {
         let vectors = [
