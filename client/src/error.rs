@@ -342,6 +342,14 @@ impl Error {
         }
     }
 
+    /// Classifies an error of a query of your own (a table read beside the calls, as the
+    /// contract-test harness makes) exactly as the calls' errors are: by SQLSTATE, else as a
+    /// connection or a decode error. Without a call's context, the ids a refusal's variant
+    /// carries are nil.
+    pub fn from_postgres(source: tokio_postgres::Error) -> Error {
+        Error::from_pg(source, Context::default())
+    }
+
     /// The tokio-postgres error behind this one, if any.
     pub fn pg_error(&self) -> Option<&tokio_postgres::Error> {
         match self {

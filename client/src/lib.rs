@@ -31,11 +31,11 @@
 //!   claims attempts up to its free concurrency ([`claim_attempts`]: disjoint between any number
 //!   of runners), runs each as [`Worker`] does, waits for retry times, and shuts down without
 //!   ever failing an attempt it did not finish ([`runner`]).
-//! * **Certification by evidence**: the [`harness`] runs a contract's test suite through the
-//!   real round trip (render the prompt, call the provider, parse) against any
-//!   [`harness::Provider`] — an OpenAI-compatible API with the `openai` feature — has the
-//!   database judge every output ([`validate_result`]), and calls [`certify_provider`] with the
-//!   evidence only when every run of every case passed.
+//! * **Certification by evidence**: the contract-test harness, the crate `pg_intent_harness`
+//!   (`harness/`), runs a contract's test suite through the real round trip (render the
+//!   prompt, call the provider, parse) against any provider — an OpenAI-compatible API with its
+//!   `openai` feature — has the database judge every output ([`validate_result`]), and calls
+//!   [`certify_provider`] with the evidence only when every run of every case passed.
 //! * **Ids before the database**: [`job_id`] and [`attempt_id`] compute the derived ids of
 //!   docs/reference.md § 1.4 (from [`pg_intent_protocol`]), so a load balancer or a log line
 //!   can name a job first.
@@ -122,16 +122,15 @@
 //! # Ok(()) }
 //! ```
 //!
-//! See `examples/` for a submitting service, a worker, a reconciler (a [`Reconciler`] on a
-//! stand-in provider), and the failover demo
-//! (`failover_demo`: a failover refused, a provider certified by the harness, the failover
-//! allowed).
+//! See `examples/` for a submitting service and a reconciler (a [`Reconciler`] on a stand-in
+//! provider); the harness's `examples/` has a worker whose provider failures are the harness's,
+//! and the failover demo (`failover_demo`: a failover refused, a provider certified by the
+//! harness, the failover allowed).
 #![warn(missing_docs)]
 
 mod calls;
 mod error;
 mod exec;
-pub mod harness;
 pub mod provider_keys;
 pub mod reconciler;
 mod report;

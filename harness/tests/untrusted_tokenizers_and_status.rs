@@ -12,13 +12,13 @@ mod db;
 use std::time::Duration;
 
 use db::{TestDb, define_captions};
-use pg_intent_client::harness::{
-    self, ContractSuite, DEFAULT_CONTROL_TOKENS, LocalTokenizer, OpenAiCompatible, Prompt,
-    RenderChecks, RequestLookup, RunOptions, Tokenizer, TokenizerApi, neutralise_control_tokens,
-    neutralise_with,
-};
 use pg_intent_client::reconciler::Reconciler;
 use pg_intent_client::{self as intent, BeginOptions, Connection, NewJob, Submitted};
+use pg_intent_harness::{
+    self as harness, ContractSuite, DEFAULT_CONTROL_TOKENS, LocalTokenizer, OpenAiCompatible,
+    Prompt, RenderChecks, RequestLookup, RunOptions, Tokenizer, TokenizerApi,
+    neutralise_control_tokens, neutralise_with,
+};
 use pg_intent_test_provider::tokenizer::{CHATML_TEMPLATE, CONTROL_TOKENS, Flaw, tiny_tokenizer};
 use pg_intent_test_provider::{Mode, TestProvider, captions};
 use serde_json::{Value, json};

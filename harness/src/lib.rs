@@ -1,15 +1,15 @@
-//! The contract-test harness: a provider earns its certification with evidence.
+//! The contract-test harness of pg_intent: a provider earns its certification with evidence.
 //!
 //! Failover to a provider is allowed only while it holds a current certification for the job's
-//! contract (docs/protocol.md § Contracts and failover). This module produces that certification the only
-//! honest way: it runs a suite of real inputs through the real round trip — render the prompt,
-//! call the provider, parse its answer — several times each at a low temperature, has **the
-//! database** check every output against the contract ([`crate::validate_result`]: the
-//! contract's JSON Schema, then its SQL checker, exactly as `complete_attempt` will), checks
-//! what each case asserts about its output given its input ([`ContractSuite::case_with`]), and
-//! calls [`crate::certify_provider`] with the evidence only when every run of every case passed
-//! **on the contract version it read before the run**. Otherwise it certifies nothing and
-//! reports why.
+//! contract (docs/protocol.md § Contracts and failover). This crate produces that certification the
+//! only honest way, on top of the client (`pg_intent_client`): it runs a suite of real inputs
+//! through the real round trip — render the prompt, call the provider, parse its answer — several
+//! times each at a low temperature, has **the database** check every output against the contract
+//! ([`pg_intent_client::validate_result`]: the contract's JSON Schema, then its SQL checker,
+//! exactly as `complete_attempt` will), checks what each case asserts about its output given its
+//! input ([`ContractSuite::case_with`]), and calls [`pg_intent_client::certify_provider`] with the
+//! evidence only when every run of every case passed **on the contract version it read before the
+//! run**. Otherwise it certifies nothing and reports why.
 //!
 //! * [`Provider`]: one async call — a rendered [`Request`] in, the provider's raw text out, or a
 //!   [`ProviderError`] that says which side of "sent" it is on ([`Delivery`]).
@@ -18,8 +18,8 @@
 //! * [`ContractSuite`]: the contract's name, the cases (named inputs, optionally with an
 //!   assertion on the output), how an input is rendered into a [`Prompt`], and how an answer is
 //!   parsed ([`parse_json`] unless told otherwise). [`ContractSuite::ask`] is that round trip,
-//!   and [`ContractSuite::work`] the same as a [`crate::Worker`]'s work: use it in production,
-//!   so that what was certified is what runs.
+//!   and [`ContractSuite::work`] the same as a [`pg_intent_client::Worker`]'s work: use it in
+//!   production, so that what was certified is what runs.
 //! * [`run`]: runs the suite and answers a [`Report`]: per case and run, the output and what
 //!   was wrong with it ([`Failure`]), the [`Verdict`], and the evidence document. With a
 //!   [`RunHistory`] every run is recorded, passed or not, and a certification's evidence lists
@@ -52,8 +52,8 @@
 //! `Unknown` even when the request was still connecting:
 //! [`OpenAiCompatible`] connects within [`DEFAULT_CONNECT_TIMEOUT`] so that an unreachable
 //! provider fails as `NotSent` first — keep the call timeout longer than that, and the
-//! [`crate::Worker`]'s timeout longer than the call timeout (its timeout marks every attempt
-//! unknown, even one whose call would have failed definitely).
+//! [`pg_intent_client::Worker`]'s timeout longer than the call timeout (its timeout marks every
+//! attempt unknown, even one whose call would have failed definitely).
 //!
 //! # What is certified, and what is recorded
 //!
@@ -100,7 +100,7 @@
 //!
 //! ```json
 //! {
-//!   "harness": "pg_intent_client 0.4.0",
+//!   "harness": "pg_intent_harness 0.4.1",
 //!   "run_id": "1f0c…", "provider": "gpu-b", "contract": "captions-v1", "contract_version": 1,
 //!   "settings": {"runs_per_case": 3, "temperature": 0.2, "max_tokens": null, "seed": null,
 //!                "call_timeout_ms": 60000,
@@ -130,9 +130,9 @@
 //!
 //! ```no_run
 //! # #[cfg(feature = "openai")]
-//! # async fn f(db: &pg_intent_client::Connection) -> Result<(), pg_intent_client::harness::RunError> {
+//! # async fn f(db: &pg_intent_client::Connection) -> Result<(), pg_intent_harness::RunError> {
 //! use std::time::Duration;
-//! use pg_intent_client::harness::{self, ContractSuite, OpenAiCompatible, Prompt, RunHistory, RunOptions};
+//! use pg_intent_harness::{self as harness, ContractSuite, OpenAiCompatible, Prompt, RunHistory, RunOptions};
 //! use serde_json::json;
 //!
 //! let suite = ContractSuite::new("captions-v1", |input| Prompt {
@@ -171,11 +171,9 @@ use serde_json::{Map, Value, json};
 use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
-use crate::calls::{certify_provider, validate_result};
-use crate::error::{Context, Error};
-use crate::exec::Executor;
-use crate::provider_keys::ProviderKeys;
-use crate::worker::WorkError;
+use pg_intent_client::{
+    Error, Executor, ProviderKeys, WorkError, certify_provider, validate_result,
+};
 
 mod history;
 #[cfg(feature = "local-tokenizer")]
@@ -252,9 +250,9 @@ pub struct Request {
     /// A sampling seed, for providers that take one.
     pub seed: Option<u64>,
     /// The provider's idempotency key for this call (`Idempotency-Key`): when a worker makes
-    /// the call, the attempt id or its keyed derivation ([`crate::ProviderKeys`]), so that a
-    /// [`crate::Reconciler`] can later ask the provider what became of it. `None` for the
-    /// harness's own test runs.
+    /// the call, the attempt id or its keyed derivation ([`pg_intent_client::ProviderKeys`]), so
+    /// that a [`pg_intent_client::Reconciler`] can later ask the provider what became of it.
+    /// `None` for the harness's own test runs.
     pub idempotency_key: Option<String>,
 }
 
@@ -541,7 +539,7 @@ impl ContractSuite {
     /// How an attempt's provider idempotency key is derived ([`ContractSuite::ask_for`]):
     /// default [`ProviderKeys::attempt_id`], the attempt id itself. Give a keyed derivation
     /// ([`ProviderKeys::keyed`], [`ProviderKeys::from_env`]) when parties that must not decide
-    /// each other's attempts share a provider account ([`crate::provider_keys`]); a
+    /// each other's attempts share a provider account ([`pg_intent_client::provider_keys`]); a
     /// [`RequestLookup`] made from this suite asks under the same keys.
     pub fn provider_keys(mut self, keys: ProviderKeys) -> Self {
         self.keys = keys;
@@ -630,8 +628,9 @@ impl ContractSuite {
     /// `provider` (within [`RunOptions::call_timeout`]) and parses its answer.
     ///
     /// The output is not checked against the contract here: the database does that when the
-    /// attempt completes (or in [`run`], with [`crate::validate_result`]). A temperature out of
-    /// range fails with a [`Delivery::NotSent`] provider error, before any call.
+    /// attempt completes (or in [`run`], with [`pg_intent_client::validate_result`]). A
+    /// temperature out of range fails with a [`Delivery::NotSent`] provider error, before any
+    /// call.
     pub async fn ask<P: Provider>(
         &self,
         provider: &P,
@@ -644,8 +643,8 @@ impl ContractSuite {
     /// [`ContractSuite::ask`] for an attempt: the call carries the attempt's provider
     /// idempotency key ([`Request::idempotency_key`]: the attempt id, or its keyed derivation,
     /// [`ContractSuite::provider_keys`]), so that the provider does the work once however
-    /// often it is sent, and a [`crate::Reconciler`] can ask the provider what became of an
-    /// attempt whose outcome is unknown.
+    /// often it is sent, and a [`pg_intent_client::Reconciler`] can ask the provider what became
+    /// of an attempt whose outcome is unknown.
     pub async fn ask_for<P: Provider>(
         &self,
         provider: &P,
@@ -677,7 +676,7 @@ impl ContractSuite {
             .await
     }
 
-    /// [`ContractSuite::ask`] as a [`crate::Worker`]'s work: the failure mapped by
+    /// [`ContractSuite::ask`] as a [`pg_intent_client::Worker`]'s work: the failure mapped by
     /// [`Failure::into_work_error`], so that only a known outcome is reported as failed and
     /// everything after sending is marked unknown.
     ///
@@ -886,7 +885,7 @@ impl Failure {
         }
     }
 
-    /// How a worker reports this failure of `provider`'s call (see the module documentation's
+    /// How a worker reports this failure of `provider`'s call (see the crate documentation's
     /// table): an unknown outcome becomes [`WorkError::unknown`] (`mark_unknown`: reconcile
     /// before another attempt); a known one a retryable failure (`fail_attempt`), after the
     /// provider's `Retry-After` (at most [`MAX_RETRY_AFTER`]) when it gave one, whose error
@@ -1119,7 +1118,7 @@ impl RunError {
     /// A tokio-postgres error of a query of the harness's own, classified as the client's calls
     /// are.
     fn pg(source: tokio_postgres::Error) -> RunError {
-        RunError::Database(Error::from_pg(source, Context::default()))
+        RunError::Database(Error::from_postgres(source))
     }
 
     /// A row of the harness's own reads that does not decode: the server answered, so it is
@@ -1147,12 +1146,12 @@ impl RunError {
 ///   provider is allowed from now on.
 /// * anything failed, or the suite has no cases, or no runs: [`Verdict::Refused`], and no
 ///   certification is written. An earlier certification of the provider is left as it is
-///   (revoke it with [`crate::revoke_certification`] if this run shows it drifted).
+///   (revoke it with [`pg_intent_client::revoke_certification`] if this run shows it drifted).
 ///
 /// With [`RunOptions::history`] the history is read before the first provider call (one that
 /// cannot be read is [`RunError::History`] or a database error, before anything is paid for),
 /// the run is recorded there either way, and a certification's evidence lists the runs recorded
-/// since the pair's last certified one, read under the store's lock (module documentation,
+/// since the pair's last certified one, read under the store's lock (crate documentation,
 /// [`RunHistory`]).
 ///
 /// `db` needs `intent_app` for `validate_result`, `intent_operator`'s `SELECT` on
@@ -1700,7 +1699,7 @@ fn evidence<P: Provider>(
         })
         .collect();
     json!({
-        "harness": concat!("pg_intent_client ", env!("CARGO_PKG_VERSION")),
+        "harness": concat!(env!("CARGO_PKG_NAME"), " ", env!("CARGO_PKG_VERSION")),
         "run_id": run.run_id,
         "provider": provider.name(),
         "contract": suite.contract(),
