@@ -8,9 +8,10 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::redact::{scrub, url_secrets};
-use super::{
-    ContractSuite, Delivery, Parse, Provider, ProviderError, Request, check_temperature, cut,
-    redact_url,
+use crate::evidence::cut;
+use crate::suite::Parse;
+use crate::{
+    ContractSuite, Delivery, Provider, ProviderError, Request, check_temperature, redact_url,
 };
 use pg_intent_client::reconciler::{Lookup, LookupFuture, ProviderStatus};
 use pg_intent_client::runner::BoxError;

@@ -50,7 +50,8 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::{ContractSuite, Prompt, cut};
+use crate::evidence::cut;
+use crate::{ContractSuite, Prompt};
 
 /// The control tokens the `control_tokens` check tries (besides the tokenizer's own special
 /// tokens) and [`neutralise_control_tokens`] breaks: the turn markers of ChatML (Qwen, many
