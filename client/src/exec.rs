@@ -501,6 +501,52 @@ impl InTransaction for Cached<'_, tokio_postgres::Transaction<'_>> {}
 impl<T: InTransaction + ?Sized> sealed::Sealed for &T {}
 impl<T: InTransaction + ?Sized> InTransaction for &T {}
 
+/// Any error, as events carry them: a pool's, or the client's own [`Error`] (downcast it).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Where a [`crate::Runner`] gets the connections its claims and attempts run on.
+///
+/// Implemented for a `deadpool_postgres::Pool` (feature `deadpool`; give it at least the
+/// runner's concurrency plus one connection: each running attempt holds one for its heartbeats
+/// and report) and for an `Arc` of any [`Executor`] (one connection shared by everything: the
+/// queries of all attempts are pipelined on it). The connections must not be inside a
+/// transaction.
+pub trait Connections: Send + Sync + 'static {
+    /// A connection.
+    type Conn: Executor + Send + Sync + 'static;
+
+    /// A connection to run one claim, or one attempt, on.
+    fn connection(&self) -> impl Future<Output = Result<Self::Conn, BoxError>> + Send;
+}
+
+impl<E: Executor + 'static> Connections for Arc<E> {
+    type Conn = Arc<E>;
+
+    async fn connection(&self) -> Result<Arc<E>, BoxError> {
+        Ok(self.clone())
+    }
+}
+
+/// A new connection each time (without TLS), its connection task spawned on the runtime.
+impl Connections for tokio_postgres::Config {
+    type Conn = Connection;
+
+    async fn connection(&self) -> Result<Connection, BoxError> {
+        let (client, conn) = self.connect(tokio_postgres::NoTls).await?;
+        tokio::spawn(conn);
+        Ok(Connection::new(client))
+    }
+}
+
+#[cfg(feature = "deadpool")]
+impl Connections for deadpool_postgres::Pool {
+    type Conn = deadpool_postgres::Object;
+
+    async fn connection(&self) -> Result<deadpool_postgres::Object, BoxError> {
+        Ok(self.get().await?)
+    }
+}
+
 #[cfg(feature = "deadpool")]
 impl sealed::Sealed for deadpool_postgres::Transaction<'_> {}
 #[cfg(feature = "deadpool")]

@@ -43,7 +43,7 @@ use std::time::SystemTime;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use crate::types::AttemptRecord;
+use crate::records::AttemptRecord;
 
 /// The environment variable [`ProviderKeys::from_env`] reads the secret from.
 pub const SECRET_ENV: &str = "PG_INTENT_PROVIDER_KEY_SECRET";

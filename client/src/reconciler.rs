@@ -168,9 +168,9 @@ use crate::calls::{
     record_reconciliation, sweep,
 };
 use crate::error::{Context, Error};
-use crate::exec::{Connection, Executor, StatementCache};
-use crate::runner::BoxError;
-use crate::types::{AttemptRecord, AttemptState, Completion, JobState};
+use crate::exec::{BoxError, Connection, Executor, StatementCache};
+use crate::records::AttemptRecord;
+use crate::types::{AttemptState, Completion, JobState};
 
 /// What the provider says became of a request (the attempt's id was its idempotency key).
 #[derive(Debug, Clone, PartialEq)]

@@ -22,9 +22,10 @@ use uuid::Uuid;
 
 use crate::calls::{claim_attempts, next_retry_in};
 use crate::error::Error;
-use crate::exec::Executor;
-use crate::types::{ClaimOptions, ClaimedAttempt, Completion, DEFAULT_LEASE, JobState};
-use crate::worker::{Reconnect, Run, WorkError, Worker};
+use crate::records::ClaimedAttempt;
+use crate::report::Reconnect;
+use crate::types::{ClaimOptions, Completion, DEFAULT_LEASE, JobState};
+use crate::worker::{Run, WorkError, Worker};
 
 /// The channel pg_intent notifies when a job becomes claimable at once (payload: its provider).
 pub const CLAIMABLE_CHANNEL: &str = "intent_claimable";
@@ -41,51 +42,7 @@ const ERROR_RETRY: Duration = Duration::from_secs(1);
 /// How long the runner waits, after the grace period, for its attempts to be marked `unknown`.
 const MARK_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Any error, as events carry them: a pool's, or the client's own [`Error`] (downcast it).
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Where a [`Runner`] gets the connections its claims and attempts run on.
-///
-/// Implemented for a `deadpool_postgres::Pool` (feature `deadpool`; give it at least the
-/// runner's concurrency plus one connection: each running attempt holds one for its heartbeats
-/// and report) and for an `Arc` of any [`Executor`] (one connection shared by everything: the
-/// queries of all attempts are pipelined on it). The connections must not be inside a
-/// transaction.
-pub trait Connections: Send + Sync + 'static {
-    /// A connection.
-    type Conn: Executor + Send + Sync + 'static;
-
-    /// A connection to run one claim, or one attempt, on.
-    fn connection(&self) -> impl Future<Output = Result<Self::Conn, BoxError>> + Send;
-}
-
-impl<E: Executor + 'static> Connections for Arc<E> {
-    type Conn = Arc<E>;
-
-    async fn connection(&self) -> Result<Arc<E>, BoxError> {
-        Ok(self.clone())
-    }
-}
-
-/// A new connection each time (without TLS), its connection task spawned on the runtime.
-impl Connections for tokio_postgres::Config {
-    type Conn = crate::exec::Connection;
-
-    async fn connection(&self) -> Result<crate::exec::Connection, BoxError> {
-        let (client, conn) = self.connect(tokio_postgres::NoTls).await?;
-        tokio::spawn(conn);
-        Ok(crate::exec::Connection::new(client))
-    }
-}
-
-#[cfg(feature = "deadpool")]
-impl Connections for deadpool_postgres::Pool {
-    type Conn = deadpool_postgres::Object;
-
-    async fn connection(&self) -> Result<deadpool_postgres::Object, BoxError> {
-        Ok(self.get().await?)
-    }
-}
+pub use crate::exec::{BoxError, Connections};
 
 /// How an attempt run by a [`Runner`] ended (see [`Event::Finished`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,11 +11,10 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::calls::{begin_attempt, heartbeat};
-use crate::error::Error;
+use crate::error::{Error, Unreported};
 use crate::exec::Executor;
-use crate::report::{Link, breaks_connection};
-pub use crate::report::{Outcome, Reconnect, Reported, Unreported};
-use crate::types::{Attempt, BeginOptions, Completion, DEFAULT_LEASE, JobState};
+use crate::report::{Link, Reconnect, Reported, breaks_connection};
+use crate::types::{Attempt, BeginOptions, Completion, DEFAULT_LEASE, JobState, Outcome};
 
 /// How long a [`Worker`] retries a report by default before it gives up and returns the
 /// outcome in [`Error::Unreported`].
