@@ -137,6 +137,7 @@ pub mod reconciler;
 mod records;
 mod report;
 pub mod runner;
+mod settings;
 mod types;
 mod wire;
 mod worker;
@@ -157,12 +158,13 @@ pub use reconciler::{Reconciler, StatusLookup};
 pub use records::{AttemptRecord, ClaimedAttempt, JobRecord};
 pub use report::{Reconnect, Reported};
 pub use runner::Runner;
+pub use settings::DEFAULT_REPORT_FOR;
 pub use types::{
     Attempt, AttemptState, BeginOptions, ClaimOptions, Completion, DEFAULT_LEASE,
     DEFAULT_MAX_ATTEMPTS, FingerprintField, JobState, NewJob, Outcome, Submitted, UnknownLabel,
     Validation,
 };
-pub use worker::{DEFAULT_REPORT_FOR, Failover, Run, WorkError, Worker};
+pub use worker::{Failover, Run, WorkError, Worker};
 
 pub use pg_intent_protocol;
 /// The shared crate's name until 0.2.0.

@@ -24,7 +24,8 @@ use crate::calls::{claim_attempts, next_retry_in};
 use crate::error::Error;
 use crate::records::ClaimedAttempt;
 use crate::report::Reconnect;
-use crate::types::{ClaimOptions, Completion, DEFAULT_LEASE, JobState};
+use crate::settings::WorkerSettings;
+use crate::types::{ClaimOptions, Completion, JobState};
 use crate::worker::{Run, WorkError, Worker};
 
 /// The channel pg_intent notifies when a job becomes claimable at once (payload: its provider).
@@ -215,10 +216,8 @@ pub struct Runner<C> {
     concurrency: usize,
     poll_every: Duration,
     watch_retries: bool,
-    timeout: Duration,
-    lease: Duration,
-    heartbeat_every: Option<Duration>,
-    name: Option<String>,
+    /// What each attempt runs with: the settings a [`Worker`] has.
+    settings: WorkerSettings,
     grace: Duration,
     wake: Arc<Notify>,
     on_event: Option<EventHook>,
@@ -233,10 +232,7 @@ impl<C> std::fmt::Debug for Runner<C> {
             .field("concurrency", &self.concurrency)
             .field("poll_every", &self.poll_every)
             .field("watch_retries", &self.watch_retries)
-            .field("timeout", &self.timeout)
-            .field("lease", &self.lease)
-            .field("heartbeat_every", &self.heartbeat_every)
-            .field("name", &self.name)
+            .field("settings", &self.settings)
             .field("grace", &self.grace)
             .finish_non_exhaustive()
     }
@@ -263,10 +259,7 @@ struct Ended {
 struct Shared<C, F> {
     db: Arc<C>,
     work: F,
-    timeout: Duration,
-    lease: Duration,
-    heartbeat_every: Option<Duration>,
-    name: Option<String>,
+    settings: WorkerSettings,
     on_event: Option<EventHook>,
     summary: Mutex<Summary>,
 }
@@ -296,10 +289,7 @@ impl<C: Connections> Runner<C> {
             concurrency: 1,
             poll_every: Duration::from_secs(5),
             watch_retries: true,
-            timeout,
-            lease: DEFAULT_LEASE,
-            heartbeat_every: None,
-            name: None,
+            settings: WorkerSettings::new(timeout),
             grace: Duration::from_secs(30),
             wake: Arc::new(Notify::new()),
             on_event: None,
@@ -380,19 +370,19 @@ impl<C: Connections> Runner<C> {
 
     /// The lease of each attempt claimed (heartbeats extend it by as much).
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
+        self.settings.lease = lease;
         self
     }
 
     /// How often to heartbeat (default: a third of the lease).
     pub fn heartbeat_every(mut self, every: Duration) -> Self {
-        self.heartbeat_every = Some(every);
+        self.settings.heartbeat_every = Some(every);
         self
     }
 
     /// Names the worker in `intent.attempts`.
     pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = Some(name.into());
+        self.settings.name = Some(name.into());
         self
     }
 
@@ -440,10 +430,7 @@ impl<C: Connections> Runner<C> {
         let shared = Arc::new(Shared {
             db: self.db.clone(),
             work,
-            timeout: self.timeout,
-            lease: self.lease,
-            heartbeat_every: self.heartbeat_every,
-            name: self.name.clone(),
+            settings: self.settings.clone(),
             on_event: self.on_event.clone(),
             summary: Mutex::new(Summary::default()),
         });
@@ -654,8 +641,8 @@ impl<C: Connections> Runner<C> {
         let mut left = false;
         let options = ClaimOptions {
             providers: None,
-            worker: self.name.as_deref(),
-            lease: self.lease,
+            worker: self.settings.name.as_deref(),
+            lease: self.settings.lease,
             max_jobs: 1,
         };
         for (provider, sem) in limits {
@@ -747,15 +734,8 @@ fn spawn_attempt<C, T, E, F, Fut>(
         };
         // A broken connection is replaced from the runner's own: the heartbeats go on and the
         // outcome is reported, never dropped.
-        let mut worker = Worker::new(&conn, shared.timeout)
-            .lease(shared.lease)
+        let worker = Worker::with_settings(&conn, shared.settings.clone())
             .reconnect(Reconnect::shared(shared.db.clone()));
-        if let Some(every) = shared.heartbeat_every {
-            worker = worker.heartbeat_every(every);
-        }
-        if let Some(name) = &shared.name {
-            worker = worker.name(name.clone());
-        }
         let interrupt = async move {
             if stop.wait_for(|s| *s).await.is_err() {
                 // The runner is gone without a shutdown (it is being dropped): no report.
