@@ -450,7 +450,8 @@ impl InTransaction for Cached<'_, tokio_postgres::Transaction<'_>> {}
 impl<T: InTransaction + ?Sized> sealed::Sealed for &T {}
 impl<T: InTransaction + ?Sized> InTransaction for &T {}
 
-/// Any error, as events carry them: a pool's, or the client's own [`Error`] (downcast it).
+/// Any error, as events carry them: a pool's, or the client's own [`Error`](crate::Error) (downcast
+/// it).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Where a [`crate::Runner`] gets the connections its claims and attempts run on.

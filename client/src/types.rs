@@ -259,9 +259,10 @@ impl<'a> ClaimOptions<'a> {
 
 /// The handle of a begun attempt, carrying its fencing token.
 ///
-/// Only [`crate::begin_attempt`] (and [`AttemptRecord::handle`], which reads the token from the
-/// database) make one, so the version presented to [`crate::complete_attempt`] and
-/// [`crate::fail_attempt`] is always the one the database handed to this attempt.
+/// Only [`crate::begin_attempt`] (and [`AttemptRecord::handle`](crate::AttemptRecord::handle),
+/// which reads the token from the database) make one, so the version presented to
+/// [`crate::complete_attempt`] and [`crate::fail_attempt`] is always the one the database handed to
+/// this attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attempt {
     pub(crate) id: Uuid,

@@ -78,7 +78,8 @@ pub struct Config {
     pub http: HttpConfig,
     /// The worker.
     pub worker: WorkerConfig,
-    /// The reconciler ([`Gateway::spawn_reconciler_until`]).
+    /// The reconciler
+    /// ([`Gateway::spawn_reconciler_until`](crate::Gateway::spawn_reconciler_until)).
     pub reconciler: ReconcilerConfig,
 }
 

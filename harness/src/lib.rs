@@ -31,9 +31,9 @@
 //! if the first provider may still be generating, a second attempt is the double execution
 //! pg_intent exists to prevent. So every failure says whether the provider can have done the
 //! work, and [`Failure::into_work_error`] is the one mapping from a harness failure to the
-//! worker's [`WorkError`]:
+//! worker's [`WorkError`](pg_intent_client::WorkError):
 //!
-//! | failure | [`Delivery`] | outcome | [`WorkError`] |
+//! | failure | [`Delivery`] | outcome | [`WorkError`](pg_intent_client::WorkError) |
 //! |---|---|---|---|
 //! | connection refused, DNS, TLS handshake, connect timeout, a request that cannot be built (a temperature out of range, …) | `NotSent` | nothing was sent | `retryable` (`fail_attempt`) |
 //! | HTTP 3xx but 303, 4xx (429 included), 501, 505, and 503 **with** `Retry-After` | `Refused` | the provider said it did not process it | `retryable`, after the `Retry-After` when given (`fail_attempt`) |

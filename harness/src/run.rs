@@ -1,5 +1,5 @@
 //! The run: [`run`] sends every case through the round trip, has the database judge each
-//! output, certifies only when all passed ([`crate::certify`]) and answers a [`Report`].
+//! output, certifies only when all passed (`certify.rs`) and answers a [`Report`].
 
 use std::fmt;
 use std::time::{Duration, Instant, SystemTime};

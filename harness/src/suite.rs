@@ -79,7 +79,7 @@ impl ContractSuite {
     /// default [`ProviderKeys::attempt_id`], the attempt id itself. Give a keyed derivation
     /// ([`ProviderKeys::keyed`], [`ProviderKeys::from_env`]) when parties that must not decide
     /// each other's attempts share a provider account ([`pg_intent_client::provider_keys`]); a
-    /// [`RequestLookup`] made from this suite asks under the same keys.
+    /// [`RequestLookup`](crate::RequestLookup) made from this suite asks under the same keys.
     pub fn provider_keys(mut self, keys: ProviderKeys) -> Self {
         self.keys = keys;
         self
@@ -146,12 +146,13 @@ impl ContractSuite {
     }
 
     /// The prompt sent for `input`: [`ContractSuite::render`]'s, with the user prompt's control
-    /// tokens neutralised ([`neutralise_control_tokens`]: each of [`DEFAULT_CONTROL_TOKENS`]
-    /// broken by a word joiner), so that text put into the user prompt reaches the model as
-    /// text, however the render assembled it. [`ContractSuite::ask`] and [`run`] send this one,
-    /// and the rendering checks check it; the system prompt is sent as rendered. A tokenizer's
-    /// own control tokens outside that list must be neutralised by the render
-    /// ([`neutralise_with`]); the rendering checks try them.
+    /// tokens neutralised ([`neutralise_control_tokens`]: each of
+    /// [`DEFAULT_CONTROL_TOKENS`](crate::DEFAULT_CONTROL_TOKENS) broken by a word joiner), so that
+    /// text put into the user prompt reaches the model as text, however the render assembled it.
+    /// [`ContractSuite::ask`] and [`run`](crate::run) send this one, and the rendering checks check
+    /// it; the system prompt is sent as rendered. A tokenizer's own control tokens outside that
+    /// list must be neutralised by the render ([`neutralise_with`](crate::neutralise_with)); the
+    /// rendering checks try them.
     pub fn prompt_for(&self, input: &Value) -> Prompt {
         let mut prompt = self.render(input);
         prompt.user = neutralise_control_tokens(&prompt.user);
@@ -166,10 +167,10 @@ impl ContractSuite {
     /// The round trip the suite tests, for production use too: renders `input`, calls
     /// `provider` (within [`RunOptions::call_timeout`]) and parses its answer.
     ///
-    /// The output is not checked against the contract here: the database does that when the
-    /// attempt completes (or in [`run`], with [`pg_intent_client::validate_result`]). A
-    /// temperature out of range fails with a [`Delivery::NotSent`] provider error, before any
-    /// call.
+    /// The output is not checked against the contract here: the database does that when the attempt
+    /// completes (or in [`run`](crate::run), with [`pg_intent_client::validate_result`]). A
+    /// temperature out of range fails with a [`Delivery::NotSent`](crate::Delivery::NotSent)
+    /// provider error, before any call.
     pub async fn ask<P: Provider>(
         &self,
         provider: &P,

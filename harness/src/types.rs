@@ -158,7 +158,7 @@ pub struct ProviderError {
     pub status: Option<u16>,
     /// How long the provider asked to wait before trying again (`Retry-After`, in seconds).
     pub retry_after: Option<Duration>,
-    /// What went wrong (never a credential: see [`redact_url`]).
+    /// What went wrong (never a credential: see [`redact_url`](crate::redact_url)).
     pub message: String,
     pub(crate) source: Option<Arc<dyn std::error::Error + Send + Sync>>,
 }
@@ -269,7 +269,7 @@ pub trait Provider: Send + Sync {
     fn name(&self) -> &str;
 
     /// What the evidence records about the provider: model, endpoint, … Never secrets: pass
-    /// URLs through [`redact_url`].
+    /// URLs through [`redact_url`](crate::redact_url).
     fn settings(&self) -> Value {
         Value::Object(Map::new())
     }
@@ -281,7 +281,7 @@ pub trait Provider: Send + Sync {
     -> impl Future<Output = Result<String, ProviderError>> + Send;
 }
 
-/// How [`run`] runs a suite.
+/// How [`run`](crate::run) runs a suite.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunOptions {
     /// How many times each case is run (default 3). A case passes only if every run does.
@@ -326,7 +326,7 @@ impl RunOptions {
         self
     }
 
-    /// Sets the temperature (checked by [`run`]: from 0 to [`MAX_TEMPERATURE`]).
+    /// Sets the temperature (checked by [`run`](crate::run): from 0 to [`MAX_TEMPERATURE`]).
     pub fn temperature(mut self, temperature: f64) -> Self {
         self.temperature = temperature;
         self
@@ -371,8 +371,8 @@ impl RunOptions {
         self
     }
 
-    /// `Ok` when [`run`] may run with these options; else what is wrong (a temperature that is
-    /// NaN, infinite, negative or above [`MAX_TEMPERATURE`]).
+    /// `Ok` when [`run`](crate::run) may run with these options; else what is wrong (a temperature
+    /// that is NaN, infinite, negative or above [`MAX_TEMPERATURE`]).
     pub fn check(&self) -> Result<(), String> {
         check_temperature(self.temperature)
     }
@@ -407,7 +407,7 @@ pub enum Failure {
         message: String,
     },
     /// The output met the contract, and the case's own assertion
-    /// ([`ContractSuite::case_with`]) refused it.
+    /// ([`ContractSuite::case_with`](crate::ContractSuite::case_with)) refused it.
     Check {
         /// What the assertion said.
         message: String,
