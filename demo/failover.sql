@@ -1,4 +1,4 @@
--- The epilogue of act 2 (client/examples/failover_demo.rs): the evidence behind the failover,
+-- The epilogue of act 2 (harness/examples/failover_demo.rs): the evidence behind the failover,
 -- as a DBA reads it. Run by scripts/demo.sh after the example.
 \set ON_ERROR_STOP on
 \pset footer off

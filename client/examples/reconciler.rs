@@ -3,7 +3,7 @@
 //! 30 seconds (docs/runbook.md § 2 has the rules it applies).
 //!
 //! The provider here is a stand-in that answers by attempt number; a real one asks the
-//! provider's status API (`pg_intent_client::harness::RequestLookup` for an OpenAI-compatible
+//! provider's status API (`pg_intent_harness::RequestLookup` for an OpenAI-compatible
 //! provider that keeps requests by idempotency key, as pg_intent's test provider does).
 //!
 //! Connect as an operator (a member of `intent_operator`), unbound:

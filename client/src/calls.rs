@@ -1,4 +1,5 @@
-//! One function per SQL function of the SPEC, plus the table reads a reconciler needs.
+//! One function per SQL function of the API (docs/reference.md § 1), plus the table reads a
+//! reconciler needs.
 
 use std::time::{Duration, SystemTime};
 
@@ -9,10 +10,11 @@ use uuid::Uuid;
 
 use crate::error::{Context, Error};
 use crate::exec::{Call, Executor, InTransaction};
+use crate::records::{AttemptRecord, ClaimedAttempt, JobRecord};
 use crate::types::{
-    Attempt, AttemptRecord, BeginOptions, ClaimOptions, ClaimedAttempt, Completion, IntervalArg,
-    IntervalValue, JobRecord, JobState, JsonArg, NewJob, RawJson, Submitted, Validation,
+    Attempt, BeginOptions, ClaimOptions, Completion, JobState, NewJob, Submitted, Validation,
 };
+use crate::wire::{IntervalArg, IntervalValue, JsonArg, RawJson};
 
 /// The longest `reason` the server accepts, in characters.
 pub use pg_intent_protocol::limits::MAX_REASON_CHARS;

@@ -1,18 +1,19 @@
 //! Errors, by SQLSTATE.
 //!
-//! Every refusal of the SPEC has its own variant, chosen by the SQLSTATE alone. The facts a
-//! program acts on (which fields differ, which attempt blocks) come from the DETAIL's facts line
-//! (`pg_intent_protocol::facts`), never from its prose; what the server said stays reachable
-//! through [`Error::db_error`]. Errors the server
-//! raised for other reasons are [`Error::Database`]; errors where the server said nothing (I/O,
-//! a closed connection) are [`Error::Connection`]; a reply this client could not read is
-//! [`Error::Decode`]. An outcome a [`crate::Worker`] could not report is
-//! [`Error::Unreported`], which keeps it.
+//! Every refusal of docs/reference.md § 6 has its own variant, chosen by the SQLSTATE alone. The
+//! facts a program acts on (which fields differ, which attempt blocks) come from the DETAIL's facts
+//! line (`pg_intent_protocol::facts`), never from its prose; what the server said stays reachable
+//! through [`Error::db_error`]. Errors the server raised for other reasons are [`Error::Database`];
+//! errors where the server said nothing (I/O, a closed connection) are [`Error::Connection`]; a
+//! reply this client could not read is [`Error::Decode`]. An outcome a [`crate::Worker`] could not
+//! report is [`Error::Unreported`], which keeps it.
+
+use std::fmt;
 
 use tokio_postgres::error::{DbError, SqlState};
 use uuid::Uuid;
 
-use crate::types::{FingerprintField, JobState};
+use crate::types::{Attempt, FingerprintField, JobState, Outcome, UnknownLabel};
 use pg_intent_protocol::{Facts, SqlState as SqlStateOf};
 
 /// What went wrong with a call.
@@ -144,7 +145,7 @@ pub enum Error {
     /// Until then the attempt stays `started`, its lease runs out and it counts as `unknown`:
     /// no other attempt begins behind its back.
     #[error("{0}")]
-    Unreported(Box<crate::worker::Unreported>),
+    Unreported(Box<Unreported>),
 
     /// Params, a result or an error could not be serialized to JSON (nothing was sent).
     #[error("could not serialize to JSON: {0}")]
@@ -156,7 +157,7 @@ pub enum Error {
 
     /// The database answered with a label this client does not know (a newer extension).
     #[error(transparent)]
-    UnknownLabel(#[from] crate::types::UnknownLabel),
+    UnknownLabel(#[from] UnknownLabel),
 }
 
 fn said(e: &tokio_postgres::Error) -> String {
@@ -201,7 +202,7 @@ impl Context<'_> {
 
     pub(crate) fn attempt(attempt_id: Uuid) -> Self {
         Context {
-            job_id: crate::job_of(attempt_id).unwrap_or(attempt_id),
+            job_id: crate::ids::job_of(attempt_id).unwrap_or(attempt_id),
             id: attempt_id,
             provider: None,
         }
@@ -343,6 +344,14 @@ impl Error {
         }
     }
 
+    /// Classifies an error of a query of your own (a table read beside the calls, as the
+    /// contract-test harness makes) exactly as the calls' errors are: by SQLSTATE, else as a
+    /// connection or a decode error. Without a call's context, the ids a refusal's variant
+    /// carries are nil.
+    pub fn from_postgres(source: tokio_postgres::Error) -> Error {
+        Error::from_pg(source, Context::default())
+    }
+
     /// The tokio-postgres error behind this one, if any.
     pub fn pg_error(&self) -> Option<&tokio_postgres::Error> {
         match self {
@@ -401,13 +410,13 @@ impl Error {
         self.db_error().and_then(DbError::hint)
     }
 
-    /// The HTTP status the SPEC pairs with the error, for services that pass it on: 422, 409,
-    /// 404 and 400 for the refusals, 400 for any other data exception (SQLSTATE class `22`),
-    /// 403 for a missing privilege (`42501`, e.g. a submit for another owner than the one the
-    /// session is bound to), 503 for a connection error or a transient SQLSTATE (retry later:
-    /// a serialization failure or deadlock, a cancelled statement, a terminated backend, a
-    /// lock timeout, classes `08` and `53`; `pg_intent_protocol::sqlstate::is_transient`), 500
-    /// otherwise.
+    /// The HTTP status the README's table of errors (and `pg_intent_protocol::sqlstate`) pairs with
+    /// the error, for services that pass it on: 422, 409, 404 and 400 for the refusals, 400 for any
+    /// other data exception (SQLSTATE class `22`), 403 for a missing privilege (`42501`, e.g. a
+    /// submit for another owner than the one the session is bound to), 503 for a connection error
+    /// or a transient SQLSTATE (retry later: a serialization failure or deadlock, a cancelled
+    /// statement, a terminated backend, a lock timeout, classes `08` and `53`;
+    /// `pg_intent_protocol::sqlstate::is_transient`), 500 otherwise.
     pub fn http_status(&self) -> u16 {
         match self {
             Error::Serialize(_) => 400,
@@ -461,6 +470,87 @@ fn is_codec(e: &tokio_postgres::Error) -> bool {
     ]
     .iter()
     .any(|prefix| text.starts_with(prefix))
+}
+
+/// An outcome that could not be reported: it is kept here, with the attempt (and so its
+/// fencing token) it belongs to and the last error. See [`Error::Unreported`].
+#[derive(Debug)]
+pub struct Unreported {
+    attempt: Attempt,
+    outcome: Outcome,
+    tries: u32,
+    error: Error,
+}
+
+/// How much of an outcome's JSON the message of an [`Unreported`] shows.
+const SHOWN_CHARS: usize = 2000;
+
+impl Unreported {
+    pub(crate) fn new(attempt: Attempt, outcome: Outcome, tries: u32, error: Error) -> Self {
+        let unreported = Unreported {
+            attempt,
+            outcome,
+            tries,
+            error,
+        };
+        log::error!(target: "pg_intent_client", "{unreported}");
+        unreported
+    }
+
+    /// The attempt, with the version to report it with.
+    pub fn attempt(&self) -> &Attempt {
+        &self.attempt
+    }
+
+    /// The outcome that was not reported.
+    pub fn outcome(&self) -> &Outcome {
+        &self.outcome
+    }
+
+    /// How many times the report was tried.
+    pub fn tries(&self) -> u32 {
+        self.tries
+    }
+
+    /// The last error.
+    pub fn error(&self) -> &Error {
+        &self.error
+    }
+
+    /// The attempt and its outcome.
+    pub fn into_parts(self) -> (Attempt, Outcome, Error) {
+        (self.attempt, self.outcome, self.error)
+    }
+}
+
+impl fmt::Display for Unreported {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the {} of attempt {} (version {}) could not be reported after {} tries: {}; ",
+            self.outcome.kind(),
+            self.attempt.id(),
+            self.attempt.version(),
+            self.tries,
+            self.error
+        )?;
+        let shown = |json: &str| match json.char_indices().nth(SHOWN_CHARS) {
+            Some((at, _)) => format!("{}…", &json[..at]),
+            None => json.to_string(),
+        };
+        match &self.outcome {
+            Outcome::Completed { result } => write!(f, "result: {}", shown(result.get())),
+            Outcome::Failed {
+                error, retryable, ..
+            } => write!(
+                f,
+                "failure (retryable: {retryable}): {}",
+                shown(error.get())
+            ),
+            // Quoted and escaped: a reason holding a newline cannot forge a log line.
+            Outcome::Unknown { reason } => write!(f, "reason: {:?}", shown(reason)),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -10,55 +10,48 @@ use tokio::sync::OnceCell;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, IsolationLevel, Statement};
 
-/// One of the SQL statements this crate runs: one per SPEC function, plus the table reads of the
-/// reconciler helpers.
-///
-/// Exposed so that [`Executor`] can be implemented for other connection types (another pool, a
-/// wrapper of your own): prepare [`Call::sql`] with [`Call::param_types`] once per connection and
-/// hand the same [`Statement`] back every time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Call {
-    /// `intent.submit_job`.
-    SubmitJob,
-    /// `intent.begin_attempt`.
-    BeginAttempt,
-    /// `intent.complete_attempt`.
-    CompleteAttempt,
-    /// `intent.fail_attempt`.
-    FailAttempt,
-    /// `intent.mark_unknown`.
-    MarkUnknown,
-    /// `intent.heartbeat`.
-    Heartbeat,
-    /// `intent.abandon_attempt`.
-    AbandonAttempt,
-    /// `intent.cancel_job`.
-    CancelJob,
-    /// `intent.sweep`.
-    Sweep,
-    /// Reads one row of `intent.jobs`.
-    GetJob,
-    /// Reads one row of `intent.attempts`.
-    GetAttempt,
-    /// Reads the `unknown` rows of `intent.attempts`, oldest first.
-    UnknownAttempts,
-    /// `intent.define_contract`.
-    DefineContract,
-    /// `intent.certify_provider`.
-    CertifyProvider,
-    /// `intent.revoke_certification`.
-    RevokeCertification,
-    /// Binds the transaction to one owner (`set_config('intent.owner_id', …, true)`).
-    BindOwner,
-    /// `intent.validate_result`.
-    ValidateResult,
-    /// `intent.claim_attempts`.
-    ClaimAttempts,
-    /// How long until the next retry time of a claimable job (reads `intent.jobs`).
-    NextRetryIn,
-    /// `intent.record_reconciliation` (pg_intent 0.4.0 on).
-    RecordReconciliation,
+/// Declares the statement registry once: each call with its documentation, its SQL text and the
+/// types it is prepared with. From this one table come [`Call`], [`Call::ALL`] (in the order of
+/// the cache slots), [`Call::sql`] and [`Call::param_types`]: a new call is one entry here (and
+/// its function in `calls.rs`).
+macro_rules! calls {
+    ($(
+        $(#[doc = $doc:expr])*
+        $call:ident => $sql:expr, [$($ty:ident),* $(,)?];
+    )*) => {
+        /// One of the SQL statements this crate runs: one per SQL function of the API
+        /// (docs/reference.md § 1), plus the table reads of the reconciler helpers.
+        ///
+        /// Exposed so that [`Executor`] can be implemented for other connection types (another
+        /// pool, a wrapper of your own): prepare [`Call::sql`] with [`Call::param_types`] once
+        /// per connection and hand the same [`Statement`] back every time.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum Call {
+            $($(#[doc = $doc])* $call,)*
+        }
+
+        impl Call {
+            /// Every call, in the order of their cache slots.
+            pub const ALL: [Call; [$(stringify!($call)),*].len()] = [$(Call::$call),*];
+
+            /// The SQL text. Enum results are cast to `text` so that preparing needs no look-up
+            /// of the extension's types.
+            pub fn sql(self) -> &'static str {
+                match self {
+                    $(Call::$call => $sql,)*
+                }
+            }
+
+            /// The parameter types the statement is prepared with (so no parameter is left to
+            /// inference).
+            pub fn param_types(self) -> &'static [Type] {
+                match self {
+                    $(Call::$call => &[$(Type::$ty),*],)*
+                }
+            }
+        }
+    };
 }
 
 /// The start of the `intent.attempts` reads: the columns [`crate::AttemptRecord`] is read from.
@@ -69,124 +62,80 @@ macro_rules! select_attempts {
     };
 }
 
+calls! {
+    /// `intent.submit_job`.
+    SubmitJob => "SELECT job_id, created, state::text, version, result \
+                  FROM intent.submit_job($1, $2, $3, $4, $5, $6)",
+        [TEXT, TEXT, TEXT, JSONB, TEXT, INT4];
+    /// `intent.begin_attempt`.
+    BeginAttempt => "SELECT attempt_id, attempt_no, version, deadline \
+                     FROM intent.begin_attempt($1, $2, $3, $4)",
+        [UUID, TEXT, INTERVAL, TEXT];
+    /// `intent.complete_attempt`.
+    CompleteAttempt => "SELECT intent.complete_attempt($1, $2, $3)::text", [UUID, INT8, JSONB];
+    /// `intent.fail_attempt`.
+    FailAttempt => "SELECT intent.fail_attempt($1, $2, $3, $4, $5)::text",
+        [UUID, INT8, JSONB, BOOL, INTERVAL];
+    /// `intent.mark_unknown`.
+    MarkUnknown => "SELECT intent.mark_unknown($1, $2)", [UUID, TEXT];
+    /// `intent.heartbeat`.
+    Heartbeat => "SELECT intent.heartbeat($1, $2)", [UUID, INTERVAL];
+    /// `intent.abandon_attempt`.
+    AbandonAttempt => "SELECT intent.abandon_attempt($1, $2)", [UUID, TEXT];
+    /// `intent.cancel_job`.
+    CancelJob => "SELECT intent.cancel_job($1, $2)", [UUID, TEXT];
+    /// `intent.sweep`.
+    Sweep => "SELECT intent.sweep()", [];
+    /// Reads one row of `intent.jobs`.
+    GetJob => "SELECT id, owner_id, idempotency_key, provider, params, contract, state::text, \
+               version, completed_by, result, error, max_attempts, attempt_count, created_at, \
+               updated_at FROM intent.jobs WHERE id = $1",
+        [UUID];
+    /// Reads one row of `intent.attempts`.
+    GetAttempt => concat!(select_attempts!(), "WHERE id = $1"), [UUID];
+    /// Reads the `unknown` rows of `intent.attempts`, oldest first.
+    UnknownAttempts => concat!(
+            select_attempts!(),
+            "WHERE state = 'unknown' ORDER BY started_at, id LIMIT $1"
+        ),
+        [INT8];
+    // The checker is named by its signature; an unknown one is an error (42883), never
+    // silently no checker.
+    /// `intent.define_contract`.
+    DefineContract => "SELECT intent.define_contract($1, $2, $3::regprocedure)",
+        [TEXT, JSONB, TEXT];
+    /// `intent.certify_provider`.
+    CertifyProvider => "SELECT intent.certify_provider($1, $2, $3, $4)",
+        [TEXT, TEXT, JSONB, INTERVAL];
+    /// `intent.revoke_certification`.
+    RevokeCertification => "SELECT intent.revoke_certification($1, $2, $3)", [TEXT, TEXT, TEXT];
+    // intent.bound_owner() first: it loads pg_intent's library, so that the setting is
+    // pg_intent's own (which RESET ALL leaves alone) and not a placeholder for it.
+    /// Binds the transaction to one owner (`set_config('intent.owner_id', …, true)`).
+    BindOwner => "SELECT intent.bound_owner() IS NULL, \
+                  pg_catalog.set_config('intent.owner_id', $1, true)",
+        [TEXT];
+    /// `intent.validate_result`.
+    ValidateResult => "SELECT valid, errors FROM intent.validate_result($1, $2)", [TEXT, JSONB];
+    /// `intent.claim_attempts`.
+    ClaimAttempts => "SELECT job_id, attempt_id, attempt_no, version, deadline, provider, params, \
+                      contract FROM intent.claim_attempts($1, $2, $3, $4)",
+        [TEXT_ARRAY, TEXT, INTERVAL, INT4];
+    // The pending jobs with attempts left whose retry time lies ahead, by the `jobs_claimable`
+    // index; computed on the server so that clock skew does not matter.
+    /// How long until the next retry time of a claimable job (reads `intent.jobs`).
+    NextRetryIn => "SELECT extract(epoch FROM min(coalesce(retry_at, updated_at)) \
+                    - statement_timestamp())::float8 FROM intent.jobs \
+                    WHERE state = 'pending' AND attempt_count < max_attempts \
+                    AND coalesce(retry_at, updated_at) > statement_timestamp() \
+                    AND ($1::text[] IS NULL OR provider = ANY ($1))",
+        [TEXT_ARRAY];
+    /// `intent.record_reconciliation` (pg_intent 0.4.0 on).
+    RecordReconciliation => "SELECT intent.record_reconciliation($1, $2, $3)",
+        [UUID, TEXT, JSONB];
+}
+
 impl Call {
-    /// Every call, in the order of their cache slots.
-    pub const ALL: [Call; 20] = [
-        Call::SubmitJob,
-        Call::BeginAttempt,
-        Call::CompleteAttempt,
-        Call::FailAttempt,
-        Call::MarkUnknown,
-        Call::Heartbeat,
-        Call::AbandonAttempt,
-        Call::CancelJob,
-        Call::Sweep,
-        Call::GetJob,
-        Call::GetAttempt,
-        Call::UnknownAttempts,
-        Call::DefineContract,
-        Call::CertifyProvider,
-        Call::RevokeCertification,
-        Call::BindOwner,
-        Call::ValidateResult,
-        Call::ClaimAttempts,
-        Call::NextRetryIn,
-        Call::RecordReconciliation,
-    ];
-
-    /// The SQL text. Enum results are cast to `text` so that preparing needs no look-up of the
-    /// extension's types.
-    pub fn sql(self) -> &'static str {
-        match self {
-            Call::SubmitJob => {
-                "SELECT job_id, created, state::text, version, result \
-                 FROM intent.submit_job($1, $2, $3, $4, $5, $6)"
-            }
-            Call::BeginAttempt => {
-                "SELECT attempt_id, attempt_no, version, deadline \
-                 FROM intent.begin_attempt($1, $2, $3, $4)"
-            }
-            Call::CompleteAttempt => "SELECT intent.complete_attempt($1, $2, $3)::text",
-            Call::FailAttempt => "SELECT intent.fail_attempt($1, $2, $3, $4, $5)::text",
-            Call::MarkUnknown => "SELECT intent.mark_unknown($1, $2)",
-            Call::Heartbeat => "SELECT intent.heartbeat($1, $2)",
-            Call::AbandonAttempt => "SELECT intent.abandon_attempt($1, $2)",
-            Call::RecordReconciliation => "SELECT intent.record_reconciliation($1, $2, $3)",
-            Call::CancelJob => "SELECT intent.cancel_job($1, $2)",
-            Call::Sweep => "SELECT intent.sweep()",
-            Call::GetJob => {
-                "SELECT id, owner_id, idempotency_key, provider, params, contract, state::text, \
-                 version, completed_by, result, error, max_attempts, attempt_count, created_at, \
-                 updated_at FROM intent.jobs WHERE id = $1"
-            }
-            Call::GetAttempt => concat!(select_attempts!(), "WHERE id = $1"),
-            Call::UnknownAttempts => concat!(
-                select_attempts!(),
-                "WHERE state = 'unknown' ORDER BY started_at, id LIMIT $1"
-            ),
-            // The checker is named by its signature; an unknown one is an error (42883),
-            // never silently no checker.
-            Call::DefineContract => "SELECT intent.define_contract($1, $2, $3::regprocedure)",
-            Call::CertifyProvider => "SELECT intent.certify_provider($1, $2, $3, $4)",
-            Call::RevokeCertification => "SELECT intent.revoke_certification($1, $2, $3)",
-            // intent.bound_owner() first: it loads pg_intent's library, so that the setting is
-            // pg_intent's own (which RESET ALL leaves alone) and not a placeholder for it.
-            Call::BindOwner => {
-                "SELECT intent.bound_owner() IS NULL, pg_catalog.set_config('intent.owner_id', $1, true)"
-            }
-            Call::ValidateResult => "SELECT valid, errors FROM intent.validate_result($1, $2)",
-            Call::ClaimAttempts => {
-                "SELECT job_id, attempt_id, attempt_no, version, deadline, provider, params, \
-                 contract FROM intent.claim_attempts($1, $2, $3, $4)"
-            }
-            // The pending jobs with attempts left whose retry time lies ahead, by the
-            // `jobs_claimable` index; computed on the server so that clock skew does not matter.
-            Call::NextRetryIn => {
-                "SELECT extract(epoch FROM min(coalesce(retry_at, updated_at)) \
-                 - statement_timestamp())::float8 FROM intent.jobs \
-                 WHERE state = 'pending' AND attempt_count < max_attempts \
-                 AND coalesce(retry_at, updated_at) > statement_timestamp() \
-                 AND ($1::text[] IS NULL OR provider = ANY ($1))"
-            }
-        }
-    }
-
-    /// The parameter types the statement is prepared with (so no parameter is left to inference).
-    pub fn param_types(self) -> &'static [Type] {
-        match self {
-            Call::SubmitJob => &[
-                Type::TEXT,
-                Type::TEXT,
-                Type::TEXT,
-                Type::JSONB,
-                Type::TEXT,
-                Type::INT4,
-            ],
-            Call::BeginAttempt => &[Type::UUID, Type::TEXT, Type::INTERVAL, Type::TEXT],
-            Call::CompleteAttempt => &[Type::UUID, Type::INT8, Type::JSONB],
-            Call::FailAttempt => &[
-                Type::UUID,
-                Type::INT8,
-                Type::JSONB,
-                Type::BOOL,
-                Type::INTERVAL,
-            ],
-            Call::MarkUnknown | Call::AbandonAttempt | Call::CancelJob => &[Type::UUID, Type::TEXT],
-            Call::Heartbeat => &[Type::UUID, Type::INTERVAL],
-            Call::RecordReconciliation => &[Type::UUID, Type::TEXT, Type::JSONB],
-            Call::Sweep => &[],
-            Call::GetJob | Call::GetAttempt => &[Type::UUID],
-            Call::UnknownAttempts => &[Type::INT8],
-            Call::DefineContract => &[Type::TEXT, Type::JSONB, Type::TEXT],
-            Call::CertifyProvider => &[Type::TEXT, Type::TEXT, Type::JSONB, Type::INTERVAL],
-            Call::RevokeCertification => &[Type::TEXT, Type::TEXT, Type::TEXT],
-            Call::BindOwner => &[Type::TEXT],
-            Call::ValidateResult => &[Type::TEXT, Type::JSONB],
-            Call::ClaimAttempts => &[Type::TEXT_ARRAY, Type::TEXT, Type::INTERVAL, Type::INT4],
-            Call::NextRetryIn => &[Type::TEXT_ARRAY],
-        }
-    }
-
     fn slot(self) -> usize {
         self as usize
     }
@@ -367,8 +316,8 @@ impl Connection {
         })
     }
 
-    /// Begins a transaction with an isolation level (see the SPEC: under `REPEATABLE READ` or
-    /// `SERIALIZABLE` a concurrent change may surface as `40001`; retry the transaction).
+    /// Begins a transaction with an isolation level (docs/protocol.md § Concurrency: under `REPEATABLE
+    /// READ` or `SERIALIZABLE` a concurrent change may surface as `40001`; retry the transaction).
     pub async fn transaction_with(
         &mut self,
         isolation: IsolationLevel,
@@ -500,6 +449,53 @@ impl InTransaction for Cached<'_, tokio_postgres::Transaction<'_>> {}
 
 impl<T: InTransaction + ?Sized> sealed::Sealed for &T {}
 impl<T: InTransaction + ?Sized> InTransaction for &T {}
+
+/// Any error, as events carry them: a pool's, or the client's own [`Error`](crate::Error) (downcast
+/// it).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Where a [`crate::Runner`] gets the connections its claims and attempts run on.
+///
+/// Implemented for a `deadpool_postgres::Pool` (feature `deadpool`; give it at least the
+/// runner's concurrency plus one connection: each running attempt holds one for its heartbeats
+/// and report) and for an `Arc` of any [`Executor`] (one connection shared by everything: the
+/// queries of all attempts are pipelined on it). The connections must not be inside a
+/// transaction.
+pub trait Connections: Send + Sync + 'static {
+    /// A connection.
+    type Conn: Executor + Send + Sync + 'static;
+
+    /// A connection to run one claim, or one attempt, on.
+    fn connection(&self) -> impl Future<Output = Result<Self::Conn, BoxError>> + Send;
+}
+
+impl<E: Executor + 'static> Connections for Arc<E> {
+    type Conn = Arc<E>;
+
+    async fn connection(&self) -> Result<Arc<E>, BoxError> {
+        Ok(self.clone())
+    }
+}
+
+/// A new connection each time (without TLS), its connection task spawned on the runtime.
+impl Connections for tokio_postgres::Config {
+    type Conn = Connection;
+
+    async fn connection(&self) -> Result<Connection, BoxError> {
+        let (client, conn) = self.connect(tokio_postgres::NoTls).await?;
+        tokio::spawn(conn);
+        Ok(Connection::new(client))
+    }
+}
+
+#[cfg(feature = "deadpool")]
+impl Connections for deadpool_postgres::Pool {
+    type Conn = deadpool_postgres::Object;
+
+    async fn connection(&self) -> Result<deadpool_postgres::Object, BoxError> {
+        Ok(self.get().await?)
+    }
+}
 
 #[cfg(feature = "deadpool")]
 impl sealed::Sealed for deadpool_postgres::Transaction<'_> {}

@@ -31,13 +31,14 @@
 //!   claims attempts up to its free concurrency ([`claim_attempts`]: disjoint between any number
 //!   of runners), runs each as [`Worker`] does, waits for retry times, and shuts down without
 //!   ever failing an attempt it did not finish ([`runner`]).
-//! * **Certification by evidence**: the [`harness`] runs a contract's test suite through the
-//!   real round trip (render the prompt, call the provider, parse) against any
-//!   [`harness::Provider`] — an OpenAI-compatible API with the `openai` feature — has the
-//!   database judge every output ([`validate_result`]), and calls [`certify_provider`] with the
-//!   evidence only when every run of every case passed.
-//! * **Ids before the database**: [`job_id`] and [`attempt_id`] compute the SPEC's derived ids
-//!   (from [`pg_intent_protocol`]), so a load balancer or a log line can name a job first.
+//! * **Certification by evidence**: the contract-test harness, the crate `pg_intent_harness`
+//!   (`harness/`), runs a contract's test suite through the real round trip (render the
+//!   prompt, call the provider, parse) against any provider — an OpenAI-compatible API with its
+//!   `openai` feature — has the database judge every output ([`validate_result`]), and calls
+//!   [`certify_provider`] with the evidence only when every run of every case passed.
+//! * **Ids before the database**: [`job_id`] and [`attempt_id`] compute the derived ids of
+//!   docs/reference.md § 1.4 (from [`pg_intent_protocol`]), so a load balancer or a log line
+//!   can name a job first.
 //!
 //! # Connections, transactions and pools
 //!
@@ -121,21 +122,24 @@
 //! # Ok(()) }
 //! ```
 //!
-//! See `examples/` for a submitting service, a worker, a reconciler (a [`Reconciler`] on a
-//! stand-in provider), and the failover demo
-//! (`failover_demo`: a failover refused, a provider certified by the harness, the failover
-//! allowed).
+//! See `examples/` for a submitting service and a reconciler (a [`Reconciler`] on a stand-in
+//! provider); the harness's `examples/` has a worker whose provider failures are the harness's,
+//! and the failover demo (`failover_demo`: a failover refused, a provider certified by the
+//! harness, the failover allowed).
 #![warn(missing_docs)]
 
 mod calls;
 mod error;
 mod exec;
-pub mod harness;
+mod ids;
 pub mod provider_keys;
 pub mod reconciler;
+mod records;
 mod report;
 pub mod runner;
+mod settings;
 mod types;
+mod wire;
 mod worker;
 
 pub use calls::{
@@ -144,19 +148,23 @@ pub use calls::{
     get_attempt, get_job, heartbeat, mark_unknown, next_retry_in, record_reconciliation,
     revoke_certification, submit_job, sweep, unknown_attempts, validate_result,
 };
-pub use error::Error;
-pub use exec::{Cached, Call, Connection, Executor, InTransaction, StatementCache, Transaction};
+pub use error::{Error, Unreported};
+pub use exec::{
+    Cached, Call, Connection, Connections, Executor, InTransaction, StatementCache, Transaction,
+};
+pub use ids::{attempt_id, attempt_no_of, job_id, job_of};
 pub use provider_keys::ProviderKeys;
 pub use reconciler::{Reconciler, StatusLookup};
-pub use runner::{Connections, Runner};
+pub use records::{AttemptRecord, ClaimedAttempt, JobRecord};
+pub use report::{Reconnect, Reported};
+pub use runner::Runner;
+pub use settings::DEFAULT_REPORT_FOR;
 pub use types::{
-    Attempt, AttemptRecord, AttemptState, BeginOptions, ClaimOptions, ClaimedAttempt, Completion,
-    DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, FingerprintField, JobRecord, JobState, NewJob, Submitted,
-    UnknownLabel, Validation,
+    Attempt, AttemptState, BeginOptions, ClaimOptions, Completion, DEFAULT_LEASE,
+    DEFAULT_MAX_ATTEMPTS, FingerprintField, JobState, NewJob, Outcome, Submitted, UnknownLabel,
+    Validation,
 };
-pub use worker::{
-    DEFAULT_REPORT_FOR, Failover, Outcome, Reconnect, Reported, Run, Unreported, WorkError, Worker,
-};
+pub use worker::{Failover, Run, WorkError, Worker};
 
 pub use pg_intent_protocol;
 /// The shared crate's name until 0.2.0.
@@ -164,37 +172,6 @@ pub use pg_intent_protocol;
 pub use pg_intent_protocol as pg_intent_id;
 pub use pg_intent_protocol::{IdError, MAX_ATTEMPT_NO, MAX_NAME_CHARS};
 pub use uuid::Uuid;
-
-/// The job id of `(owner_id, idempotency_key)`, exactly as the database derives it.
-///
-/// ```
-/// let id = pg_intent_client::job_id("alice", "click-1").unwrap();
-/// assert_eq!(id.to_string(), "62ccd04c-f6e5-82dd-aeee-a9dac8090000");
-/// ```
-pub fn job_id(owner_id: &str, idempotency_key: &str) -> Result<Uuid, IdError> {
-    pg_intent_protocol::job_id(owner_id, idempotency_key).map(Uuid::from_bytes)
-}
-
-/// The id of attempt `attempt_no` (1–65535) of `job_id`.
-///
-/// ```
-/// let job = pg_intent_client::job_id("alice", "click-1").unwrap();
-/// let a1 = pg_intent_client::attempt_id(job, 1).unwrap();
-/// assert_eq!(a1.to_string(), "62ccd04c-f6e5-82dd-aeee-a9dac8090001");
-/// ```
-pub fn attempt_id(job_id: Uuid, attempt_no: u16) -> Result<Uuid, IdError> {
-    pg_intent_protocol::attempt_id(*job_id.as_bytes(), i64::from(attempt_no)).map(Uuid::from_bytes)
-}
-
-/// The job an attempt id belongs to.
-pub fn job_of(attempt_id: Uuid) -> Result<Uuid, IdError> {
-    pg_intent_protocol::job_of(*attempt_id.as_bytes()).map(Uuid::from_bytes)
-}
-
-/// The attempt number in an id (0 for a job id).
-pub fn attempt_no_of(id: Uuid) -> u16 {
-    pg_intent_protocol::attempt_no_of(*id.as_bytes())
-}
 
 #[cfg(test)]
 mod tests {
@@ -236,7 +213,7 @@ mod tests {
         ));
     }
 
-    /// The SPEC's test vectors, through the client's typed API.
+    /// The id test vectors of docs/reference.md § 1.4, through the client's typed API.
     #[test]
     fn spec_vectors() {
         let vectors = [

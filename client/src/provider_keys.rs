@@ -19,9 +19,9 @@
 //! HMAC-SHA256(secret, `"pg_intent provider idempotency key v1\0" || attempt id`): 70
 //! characters, unpredictable to anyone without the secret, so nobody can send a request under it
 //! before the worker does. Give the same secret to every process that calls the providers for
-//! attempts (the workers: [`crate::harness::ContractSuite::provider_keys`]) and to every
-//! reconciler ([`crate::harness::RequestLookup`] takes the suite's, or
-//! [`crate::harness::RequestLookup::provider_keys`]); never to a party that shares the provider
+//! attempts (the workers: `pg_intent_harness::ContractSuite::provider_keys`) and to every
+//! reconciler (`pg_intent_harness::RequestLookup` takes the suite's, or
+//! `pg_intent_harness::RequestLookup::provider_keys`); never to a party that shares the provider
 //! account. Rotating it is a cut-over like turning it on ([`ProviderKeys::raw_before`] shows
 //! the pattern: only one earlier derivation is accepted, the raw id).
 //!
@@ -43,7 +43,7 @@ use std::time::SystemTime;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use crate::types::AttemptRecord;
+use crate::records::AttemptRecord;
 
 /// The environment variable [`ProviderKeys::from_env`] reads the secret from.
 pub const SECRET_ENV: &str = "PG_INTENT_PROVIDER_KEY_SECRET";

@@ -3,7 +3,7 @@
 //! A worker sends every provider call with the attempt's **provider idempotency key**: the
 //! attempt id, or its keyed derivation ([`crate::ProviderKeys`]; use one when several parties
 //! share a provider account, see [`crate::provider_keys`])
-//! ([`crate::harness::ContractSuite::work_for`], [`crate::harness::Request::idempotency_key`]).
+//! (`pg_intent_harness::ContractSuite::work_for`, `pg_intent_harness::Request::idempotency_key`).
 //! When the worker then loses track of the call (its timeout fired, it crashed), the provider
 //! can still be asked "what happened to request K?" — Stripe's model, which any provider that
 //! keeps requests by idempotency key can answer. A [`Reconciler`] asks, through a
@@ -168,9 +168,9 @@ use crate::calls::{
     record_reconciliation, sweep,
 };
 use crate::error::{Context, Error};
-use crate::exec::{Connection, Executor, StatementCache};
-use crate::runner::BoxError;
-use crate::types::{AttemptRecord, AttemptState, Completion, JobState};
+use crate::exec::{BoxError, Connection, Executor, StatementCache};
+use crate::records::AttemptRecord;
+use crate::types::{AttemptState, Completion, JobState};
 
 /// What the provider says became of a request (the attempt's id was its idempotency key).
 #[derive(Debug, Clone, PartialEq)]
@@ -244,7 +244,7 @@ pub type LookupFuture<'a> = Pin<Box<dyn Future<Output = Result<Lookup, BoxError>
 /// API at all): that answer can lead to abandoning the attempt.
 ///
 /// Any `Fn(AttemptRecord) -> impl Future<Output = Result<Lookup, BoxError>>` is one;
-/// [`crate::harness::RequestLookup`] (feature `openai`) asks OpenAI-compatible providers that
+/// `pg_intent_harness::RequestLookup` (feature `openai`) asks OpenAI-compatible providers that
 /// keep requests by idempotency key.
 pub trait StatusLookup: Send + Sync {
     /// What became of `attempt` (its provider is `attempt.provider`).

@@ -1,6 +1,8 @@
-//! Reporting an outcome so that it is never lost: what a worker holds ([`Outcome`]), where it
-//! finds a fresh connection when its own broke ([`Reconnect`]), and what it returns when it
-//! could not report at all ([`Unreported`]).
+//! Reporting an outcome so that it is never lost: the report of what a worker holds
+//! ([`Outcome::report`]), what the database answered ([`Reported`]), and where a worker finds a
+//! fresh connection when its own broke ([`Reconnect`]). What it returns when it could not report
+//! at all, [`crate::Unreported`], is an error (`error.rs`), and the outcome it holds a type of the
+//! vocabulary (`types.rs`): this module builds on both, and neither on it.
 //!
 //! Every report of the protocol may be repeated: `complete_attempt` asked again answers as it
 //! did (`won` stays `won`), `fail_attempt` on a `failed` attempt changes nothing, `mark_unknown`
@@ -15,43 +17,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
-use serde_json::value::RawValue;
 
 use crate::calls::{complete_attempt, fail_attempt_after, heartbeat, mark_unknown};
-use crate::error::Error;
+use crate::error::{Error, Unreported};
 use crate::exec::Executor;
-use crate::runner::{BoxError, Connections};
-use crate::types::{Attempt, Completion, JobState};
+use crate::exec::{BoxError, Connections};
+use crate::types::{Attempt, Completion, JobState, Outcome};
 
 /// The longest retry delay the server takes (`fail_attempt`'s `retry_after`: 30 days).
 const MAX_RETRY_AFTER: Duration =
     Duration::from_micros(pg_intent_protocol::limits::MAX_RETRY_AFTER_MICROS as u64);
-
-/// An outcome a worker holds for an attempt, serialized as the database will store it.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub enum Outcome {
-    /// The work's result: reported with `complete_attempt`.
-    Completed {
-        /// The result's JSON.
-        result: Box<RawValue>,
-    },
-    /// A definite failure: reported with `fail_attempt`.
-    Failed {
-        /// The failure's JSON.
-        error: Box<RawValue>,
-        /// Whether another attempt may follow.
-        retryable: bool,
-        /// The retry delay asked for (`None`: the default backoff).
-        retry_after: Option<Duration>,
-    },
-    /// The outcome is unknown (a timeout, a shutdown, the work said so): reported with
-    /// `mark_unknown`.
-    Unknown {
-        /// The reason recorded.
-        reason: String,
-    },
-}
 
 /// What the database answered to a report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,15 +62,6 @@ impl Outcome {
         })
     }
 
-    /// Which report this is, for messages: `result`, `failure` or `unknown outcome`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Outcome::Completed { .. } => "result",
-            Outcome::Failed { .. } => "failure",
-            Outcome::Unknown { .. } => "unknown outcome",
-        }
-    }
-
     /// Reports it once, on `db`.
     pub async fn report(
         &self,
@@ -120,89 +86,10 @@ impl Outcome {
     }
 }
 
-/// An outcome that could not be reported: it is kept here, with the attempt (and so its
-/// fencing token) it belongs to and the last error. See [`Error::Unreported`].
-#[derive(Debug)]
-pub struct Unreported {
-    attempt: Attempt,
-    outcome: Outcome,
-    tries: u32,
-    error: Error,
-}
-
-/// How much of an outcome's JSON the message of an [`Unreported`] shows.
-const SHOWN_CHARS: usize = 2000;
-
 impl Unreported {
-    pub(crate) fn new(attempt: Attempt, outcome: Outcome, tries: u32, error: Error) -> Self {
-        let unreported = Unreported {
-            attempt,
-            outcome,
-            tries,
-            error,
-        };
-        log::error!(target: "pg_intent_client", "{unreported}");
-        unreported
-    }
-
-    /// The attempt, with the version to report it with.
-    pub fn attempt(&self) -> &Attempt {
-        &self.attempt
-    }
-
-    /// The outcome that was not reported.
-    pub fn outcome(&self) -> &Outcome {
-        &self.outcome
-    }
-
-    /// How many times the report was tried.
-    pub fn tries(&self) -> u32 {
-        self.tries
-    }
-
-    /// The last error.
-    pub fn error(&self) -> &Error {
-        &self.error
-    }
-
-    /// The attempt and its outcome.
-    pub fn into_parts(self) -> (Attempt, Outcome, Error) {
-        (self.attempt, self.outcome, self.error)
-    }
-
     /// Reports the outcome now, once, on `db` (safe to repeat).
     pub async fn report(&self, db: &(impl Executor + ?Sized)) -> Result<Reported, Error> {
-        self.outcome.report(db, &self.attempt).await
-    }
-}
-
-impl fmt::Display for Unreported {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "the {} of attempt {} (version {}) could not be reported after {} tries: {}; ",
-            self.outcome.kind(),
-            self.attempt.id(),
-            self.attempt.version(),
-            self.tries,
-            self.error
-        )?;
-        let shown = |json: &str| match json.char_indices().nth(SHOWN_CHARS) {
-            Some((at, _)) => format!("{}…", &json[..at]),
-            None => json.to_string(),
-        };
-        match &self.outcome {
-            Outcome::Completed { result } => write!(f, "result: {}", shown(result.get())),
-            Outcome::Failed {
-                error, retryable, ..
-            } => write!(
-                f,
-                "failure (retryable: {retryable}): {}",
-                shown(error.get())
-            ),
-            // Quoted and escaped: a reason holding a newline cannot forge a log line.
-            Outcome::Unknown { reason } => write!(f, "reason: {:?}", shown(reason)),
-        }
+        self.outcome().report(db, self.attempt()).await
     }
 }
 

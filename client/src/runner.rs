@@ -22,9 +22,11 @@ use uuid::Uuid;
 
 use crate::calls::{claim_attempts, next_retry_in};
 use crate::error::Error;
-use crate::exec::Executor;
-use crate::types::{ClaimOptions, ClaimedAttempt, Completion, DEFAULT_LEASE, JobState};
-use crate::worker::{Reconnect, Run, WorkError, Worker};
+use crate::records::ClaimedAttempt;
+use crate::report::Reconnect;
+use crate::settings::WorkerSettings;
+use crate::types::{ClaimOptions, Completion, JobState};
+use crate::worker::{Run, WorkError, Worker};
 
 /// The channel pg_intent notifies when a job becomes claimable at once (payload: its provider).
 pub const CLAIMABLE_CHANNEL: &str = "intent_claimable";
@@ -41,51 +43,7 @@ const ERROR_RETRY: Duration = Duration::from_secs(1);
 /// How long the runner waits, after the grace period, for its attempts to be marked `unknown`.
 const MARK_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Any error, as events carry them: a pool's, or the client's own [`Error`] (downcast it).
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Where a [`Runner`] gets the connections its claims and attempts run on.
-///
-/// Implemented for a `deadpool_postgres::Pool` (feature `deadpool`; give it at least the
-/// runner's concurrency plus one connection: each running attempt holds one for its heartbeats
-/// and report) and for an `Arc` of any [`Executor`] (one connection shared by everything: the
-/// queries of all attempts are pipelined on it). The connections must not be inside a
-/// transaction.
-pub trait Connections: Send + Sync + 'static {
-    /// A connection.
-    type Conn: Executor + Send + Sync + 'static;
-
-    /// A connection to run one claim, or one attempt, on.
-    fn connection(&self) -> impl Future<Output = Result<Self::Conn, BoxError>> + Send;
-}
-
-impl<E: Executor + 'static> Connections for Arc<E> {
-    type Conn = Arc<E>;
-
-    async fn connection(&self) -> Result<Arc<E>, BoxError> {
-        Ok(self.clone())
-    }
-}
-
-/// A new connection each time (without TLS), its connection task spawned on the runtime.
-impl Connections for tokio_postgres::Config {
-    type Conn = crate::exec::Connection;
-
-    async fn connection(&self) -> Result<crate::exec::Connection, BoxError> {
-        let (client, conn) = self.connect(tokio_postgres::NoTls).await?;
-        tokio::spawn(conn);
-        Ok(crate::exec::Connection::new(client))
-    }
-}
-
-#[cfg(feature = "deadpool")]
-impl Connections for deadpool_postgres::Pool {
-    type Conn = deadpool_postgres::Object;
-
-    async fn connection(&self) -> Result<deadpool_postgres::Object, BoxError> {
-        Ok(self.get().await?)
-    }
-}
+pub use crate::exec::{BoxError, Connections};
 
 /// How an attempt run by a [`Runner`] ended (see [`Event::Finished`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -258,10 +216,8 @@ pub struct Runner<C> {
     concurrency: usize,
     poll_every: Duration,
     watch_retries: bool,
-    timeout: Duration,
-    lease: Duration,
-    heartbeat_every: Option<Duration>,
-    name: Option<String>,
+    /// What each attempt runs with: the settings a [`Worker`] has.
+    settings: WorkerSettings,
     grace: Duration,
     wake: Arc<Notify>,
     on_event: Option<EventHook>,
@@ -276,10 +232,7 @@ impl<C> std::fmt::Debug for Runner<C> {
             .field("concurrency", &self.concurrency)
             .field("poll_every", &self.poll_every)
             .field("watch_retries", &self.watch_retries)
-            .field("timeout", &self.timeout)
-            .field("lease", &self.lease)
-            .field("heartbeat_every", &self.heartbeat_every)
-            .field("name", &self.name)
+            .field("settings", &self.settings)
             .field("grace", &self.grace)
             .finish_non_exhaustive()
     }
@@ -306,10 +259,7 @@ struct Ended {
 struct Shared<C, F> {
     db: Arc<C>,
     work: F,
-    timeout: Duration,
-    lease: Duration,
-    heartbeat_every: Option<Duration>,
-    name: Option<String>,
+    settings: WorkerSettings,
     on_event: Option<EventHook>,
     summary: Mutex<Summary>,
 }
@@ -339,10 +289,7 @@ impl<C: Connections> Runner<C> {
             concurrency: 1,
             poll_every: Duration::from_secs(5),
             watch_retries: true,
-            timeout,
-            lease: DEFAULT_LEASE,
-            heartbeat_every: None,
-            name: None,
+            settings: WorkerSettings::new(timeout),
             grace: Duration::from_secs(30),
             wake: Arc::new(Notify::new()),
             on_event: None,
@@ -423,19 +370,19 @@ impl<C: Connections> Runner<C> {
 
     /// The lease of each attempt claimed (heartbeats extend it by as much).
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
+        self.settings.lease = lease;
         self
     }
 
     /// How often to heartbeat (default: a third of the lease).
     pub fn heartbeat_every(mut self, every: Duration) -> Self {
-        self.heartbeat_every = Some(every);
+        self.settings.heartbeat_every = Some(every);
         self
     }
 
     /// Names the worker in `intent.attempts`.
     pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = Some(name.into());
+        self.settings.name = Some(name.into());
         self
     }
 
@@ -483,10 +430,7 @@ impl<C: Connections> Runner<C> {
         let shared = Arc::new(Shared {
             db: self.db.clone(),
             work,
-            timeout: self.timeout,
-            lease: self.lease,
-            heartbeat_every: self.heartbeat_every,
-            name: self.name.clone(),
+            settings: self.settings.clone(),
             on_event: self.on_event.clone(),
             summary: Mutex::new(Summary::default()),
         });
@@ -697,8 +641,8 @@ impl<C: Connections> Runner<C> {
         let mut left = false;
         let options = ClaimOptions {
             providers: None,
-            worker: self.name.as_deref(),
-            lease: self.lease,
+            worker: self.settings.name.as_deref(),
+            lease: self.settings.lease,
             max_jobs: 1,
         };
         for (provider, sem) in limits {
@@ -790,15 +734,8 @@ fn spawn_attempt<C, T, E, F, Fut>(
         };
         // A broken connection is replaced from the runner's own: the heartbeats go on and the
         // outcome is reported, never dropped.
-        let mut worker = Worker::new(&conn, shared.timeout)
-            .lease(shared.lease)
+        let worker = Worker::with_settings(&conn, shared.settings.clone())
             .reconnect(Reconnect::shared(shared.db.clone()));
-        if let Some(every) = shared.heartbeat_every {
-            worker = worker.heartbeat_every(every);
-        }
-        if let Some(name) = &shared.name {
-            worker = worker.name(name.clone());
-        }
         let interrupt = async move {
             if stop.wait_for(|s| *s).await.is_err() {
                 // The runner is gone without a shutdown (it is being dropped): no report.

@@ -2,13 +2,8 @@
 
 use std::time::{Duration, SystemTime};
 
-use bytes::{BufMut, BytesMut};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
-use tokio_postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
+use serde_json::value::RawValue;
 use uuid::Uuid;
-
-use crate::Error;
 
 /// The `max_attempts` the SQL API defaults to.
 pub use pg_intent_protocol::limits::DEFAULT_MAX_ATTEMPTS;
@@ -20,6 +15,43 @@ pub const DEFAULT_LEASE: Duration =
 // The states, the completion and the fingerprint fields are the protocol crate's own: the
 // extension, this client and the tests read and write the very same labels.
 pub use pg_intent_protocol::{AttemptState, Completion, FingerprintField, JobState, UnknownLabel};
+
+/// An outcome a worker holds for an attempt, serialized as the database will store it.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The work's result: reported with `complete_attempt`.
+    Completed {
+        /// The result's JSON.
+        result: Box<RawValue>,
+    },
+    /// A definite failure: reported with `fail_attempt`.
+    Failed {
+        /// The failure's JSON.
+        error: Box<RawValue>,
+        /// Whether another attempt may follow.
+        retryable: bool,
+        /// The retry delay asked for (`None`: the default backoff).
+        retry_after: Option<Duration>,
+    },
+    /// The outcome is unknown (a timeout, a shutdown, the work said so): reported with
+    /// `mark_unknown`.
+    Unknown {
+        /// The reason recorded.
+        reason: String,
+    },
+}
+
+impl Outcome {
+    /// Which report this is, for messages: `result`, `failure` or `unknown outcome`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Outcome::Completed { .. } => "result",
+            Outcome::Failed { .. } => "failure",
+            Outcome::Unknown { .. } => "unknown outcome",
+        }
+    }
+}
 
 /// An intent to submit: `intent.submit_job`'s arguments.
 ///
@@ -85,7 +117,7 @@ impl<'a, P: ?Sized> NewJob<'a, P> {
 
     /// The job id the database will give this intent, computed here without asking it.
     pub fn job_id(&self) -> Result<Uuid, pg_intent_protocol::IdError> {
-        crate::job_id(self.owner_id, self.idempotency_key)
+        crate::ids::job_id(self.owner_id, self.idempotency_key)
     }
 }
 
@@ -119,7 +151,7 @@ pub struct Validation {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BeginOptions<'a> {
     /// `None`: the job's own provider. Any other provider is a failover, refused with
-    /// [`Error::ProviderNotCertified`] unless certified for the job's contract.
+    /// [`crate::Error::ProviderNotCertified`] unless certified for the job's contract.
     pub provider: Option<&'a str>,
     /// How long the attempt may run without a heartbeat (positive, at most 24 hours).
     pub lease: Duration,
@@ -225,36 +257,12 @@ impl<'a> ClaimOptions<'a> {
     }
 }
 
-/// One attempt begun by `intent.claim_attempts`: its handle and the job it belongs to.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ClaimedAttempt {
-    /// The attempt, with its fencing token: heartbeat it, then report it.
-    pub attempt: Attempt,
-    /// The job's provider (the attempt runs on it).
-    pub provider: String,
-    /// The job's params.
-    pub params: serde_json::Value,
-    /// The job's contract, if any.
-    pub contract: Option<String>,
-}
-
-impl ClaimedAttempt {
-    /// The job.
-    pub fn job_id(&self) -> Uuid {
-        self.attempt.job_id()
-    }
-
-    /// The params as `P`.
-    pub fn params_as<P: DeserializeOwned>(&self) -> Result<P, Error> {
-        P::deserialize(&self.params).map_err(Error::Deserialize)
-    }
-}
-
 /// The handle of a begun attempt, carrying its fencing token.
 ///
-/// Only [`crate::begin_attempt`] (and [`AttemptRecord::handle`], which reads the token from the
-/// database) make one, so the version presented to [`crate::complete_attempt`] and
-/// [`crate::fail_attempt`] is always the one the database handed to this attempt.
+/// Only [`crate::begin_attempt`] (and [`AttemptRecord::handle`](crate::AttemptRecord::handle),
+/// which reads the token from the database) make one, so the version presented to
+/// [`crate::complete_attempt`] and [`crate::fail_attempt`] is always the one the database handed to
+/// this attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attempt {
     pub(crate) id: Uuid,
@@ -273,7 +281,7 @@ impl Attempt {
 
     /// The job this attempt belongs to.
     pub fn job_id(&self) -> Uuid {
-        crate::job_of(self.id).unwrap_or(self.id)
+        crate::ids::job_of(self.id).unwrap_or(self.id)
     }
 
     /// 1, 2, … within its job.
@@ -302,217 +310,6 @@ impl Attempt {
     }
 }
 
-/// A row of `intent.jobs` (reading it needs `SELECT` on the table).
-#[derive(Debug, Clone, PartialEq)]
-pub struct JobRecord {
-    /// The job id.
-    pub id: Uuid,
-    /// Whom the intent belongs to.
-    pub owner_id: String,
-    /// The idempotency key.
-    pub idempotency_key: String,
-    /// The primary provider.
-    pub provider: String,
-    /// The params.
-    pub params: serde_json::Value,
-    /// The contract, if any.
-    pub contract: Option<String>,
-    /// The state.
-    pub state: JobState,
-    /// The fencing version.
-    pub version: i64,
-    /// The attempt whose outcome stands.
-    pub completed_by: Option<Uuid>,
-    /// The result, once succeeded.
-    pub result: Option<serde_json::Value>,
-    /// The error, once failed.
-    pub error: Option<serde_json::Value>,
-    /// The most attempts allowed.
-    pub max_attempts: i32,
-    /// How many attempts began.
-    pub attempt_count: i32,
-    /// When the job was created.
-    pub created_at: SystemTime,
-    /// When the job last changed.
-    pub updated_at: SystemTime,
-}
-
-impl JobRecord {
-    /// The result as `R`.
-    pub fn result_as<R: DeserializeOwned>(&self) -> Result<Option<R>, Error> {
-        self.result
-            .clone()
-            .map(serde_json::from_value)
-            .transpose()
-            .map_err(Error::Deserialize)
-    }
-}
-
-/// A row of `intent.attempts` (reading it needs `SELECT` on the table).
-#[derive(Debug, Clone, PartialEq)]
-pub struct AttemptRecord {
-    /// The attempt id.
-    pub id: Uuid,
-    /// Its job.
-    pub job_id: Uuid,
-    /// Its number.
-    pub attempt_no: i32,
-    /// The provider it ran on.
-    pub provider: String,
-    /// Its state.
-    pub state: AttemptState,
-    /// The version `begin_attempt` handed to it: its fencing token.
-    pub version_read: i64,
-    /// The worker, if named.
-    pub worker: Option<String>,
-    /// Its lease.
-    pub lease: Duration,
-    /// When it began.
-    pub started_at: SystemTime,
-    /// When its lease runs out.
-    pub deadline: SystemTime,
-    /// When its own outcome arrived.
-    pub finished_at: Option<SystemTime>,
-    /// Its result, if it returned one.
-    pub result: Option<serde_json::Value>,
-    /// Its error, if it failed.
-    pub error: Option<serde_json::Value>,
-}
-
-impl AttemptRecord {
-    /// A handle to report this attempt's outcome, with the fencing token read from the database:
-    /// what a reconciler uses to resolve an `unknown` attempt.
-    pub fn handle(&self) -> Attempt {
-        Attempt {
-            id: self.id,
-            attempt_no: u16::try_from(self.attempt_no).unwrap_or(0),
-            version: self.version_read,
-            deadline: self.deadline,
-            lease: self.lease,
-            provider: Some(self.provider.clone()),
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Wire encodings.
-
-/// A JSON document serialized before the call, sent as `jsonb` (or `json`).
-#[derive(Debug)]
-pub(crate) struct JsonArg(Vec<u8>);
-
-impl JsonArg {
-    pub(crate) fn new<T: Serialize + ?Sized>(value: &T) -> Result<Self, Error> {
-        let mut buf = Vec::with_capacity(128);
-        serde_json::to_writer(&mut buf, value).map_err(Error::Serialize)?;
-        Ok(JsonArg(buf))
-    }
-}
-
-impl ToSql for JsonArg {
-    fn to_sql(
-        &self,
-        ty: &Type,
-        out: &mut BytesMut,
-    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
-        if *ty == Type::JSONB {
-            out.put_u8(1); // jsonb binary format version
-        }
-        out.extend_from_slice(&self.0);
-        Ok(IsNull::No)
-    }
-
-    fn accepts(ty: &Type) -> bool {
-        *ty == Type::JSONB || *ty == Type::JSON
-    }
-
-    to_sql_checked!();
-}
-
-/// A JSON document as received, decoded by the caller into its own type.
-pub(crate) struct RawJson<'a>(pub(crate) &'a [u8]);
-
-impl<'a> FromSql<'a> for RawJson<'a> {
-    fn from_sql(
-        ty: &Type,
-        raw: &'a [u8],
-    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
-        if *ty == Type::JSONB {
-            match raw.split_first() {
-                Some((1, rest)) => Ok(RawJson(rest)),
-                _ => Err("unsupported jsonb binary format version".into()),
-            }
-        } else {
-            Ok(RawJson(raw))
-        }
-    }
-
-    fn accepts(ty: &Type) -> bool {
-        *ty == Type::JSONB || *ty == Type::JSON
-    }
-}
-
-impl RawJson<'_> {
-    pub(crate) fn decode<R: DeserializeOwned>(&self) -> Result<R, Error> {
-        serde_json::from_slice(self.0).map_err(Error::Deserialize)
-    }
-}
-
-/// A [`Duration`] sent as an `interval` of microseconds (rounded up, so that a positive
-/// duration never becomes a zero interval; saturating, so that the server's range check
-/// refuses an absurd one).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct IntervalArg(i64);
-
-impl IntervalArg {
-    pub(crate) fn new(d: Duration) -> Self {
-        let micros = d.as_nanos().div_ceil(1_000);
-        IntervalArg(i64::try_from(micros).unwrap_or(i64::MAX))
-    }
-}
-
-impl ToSql for IntervalArg {
-    fn to_sql(
-        &self,
-        _ty: &Type,
-        out: &mut BytesMut,
-    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
-        out.put_i64(self.0); // microseconds
-        out.put_i32(0); // days
-        out.put_i32(0); // months
-        Ok(IsNull::No)
-    }
-
-    fn accepts(ty: &Type) -> bool {
-        *ty == Type::INTERVAL
-    }
-
-    to_sql_checked!();
-}
-
-/// An `interval` read back as a [`Duration`] (a month counts 30 days; negative is zero).
-pub(crate) struct IntervalValue(pub(crate) Duration);
-
-impl<'a> FromSql<'a> for IntervalValue {
-    fn from_sql(
-        _ty: &Type,
-        raw: &'a [u8],
-    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
-        let raw: [u8; 16] = raw.try_into().map_err(|_| "interval must be 16 bytes")?;
-        let micros = i64::from_be_bytes(raw[0..8].try_into().expect("8 bytes"));
-        let days = i32::from_be_bytes(raw[8..12].try_into().expect("4 bytes"));
-        let months = i32::from_be_bytes(raw[12..16].try_into().expect("4 bytes"));
-        let total =
-            i128::from(micros) + (i128::from(days) + 30 * i128::from(months)) * 86_400_000_000;
-        let total = u64::try_from(total.max(0)).unwrap_or(u64::MAX);
-        Ok(IntervalValue(Duration::from_micros(total)))
-    }
-
-    fn accepts(ty: &Type) -> bool {
-        *ty == Type::INTERVAL
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -536,23 +333,5 @@ mod tests {
             AttemptState::Discarded
         );
         assert!("WON".parse::<Completion>().is_err());
-    }
-
-    #[test]
-    fn interval_encoding_never_rounds_to_zero() {
-        assert_eq!(IntervalArg::new(Duration::from_nanos(1)).0, 1);
-        assert_eq!(IntervalArg::new(Duration::from_millis(300)).0, 300_000);
-        assert_eq!(IntervalArg::new(Duration::ZERO).0, 0);
-        assert_eq!(IntervalArg::new(Duration::MAX).0, i64::MAX);
-    }
-
-    #[test]
-    fn interval_decoding() {
-        let mut raw = Vec::new();
-        raw.extend_from_slice(&1_500_000i64.to_be_bytes());
-        raw.extend_from_slice(&1i32.to_be_bytes());
-        raw.extend_from_slice(&0i32.to_be_bytes());
-        let d = IntervalValue::from_sql(&Type::INTERVAL, &raw).unwrap().0;
-        assert_eq!(d, Duration::from_micros(86_400_000_000 + 1_500_000));
     }
 }

@@ -11,15 +11,11 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::calls::{begin_attempt, heartbeat};
-use crate::error::Error;
+use crate::error::{Error, Unreported};
 use crate::exec::Executor;
-use crate::report::{Link, breaks_connection};
-pub use crate::report::{Outcome, Reconnect, Reported, Unreported};
-use crate::types::{Attempt, BeginOptions, Completion, DEFAULT_LEASE, JobState};
-
-/// How long a [`Worker`] retries a report by default before it gives up and returns the
-/// outcome in [`Error::Unreported`].
-pub const DEFAULT_REPORT_FOR: Duration = Duration::from_secs(300);
+use crate::report::{Link, Reconnect, Reported, breaks_connection};
+use crate::settings::WorkerSettings;
+use crate::types::{Attempt, BeginOptions, Completion, JobState, Outcome};
 
 /// How long a report made after an interrupt (a shutdown) is retried at most.
 const INTERRUPTED_REPORT_FOR: Duration = Duration::from_secs(5);
@@ -226,26 +222,16 @@ pub enum Failover<T, E> {
 /// ```
 pub struct Worker<'a, D: ?Sized> {
     db: &'a D,
-    timeout: Duration,
-    lease: Duration,
-    heartbeat_every: Option<Duration>,
-    name: Option<String>,
+    settings: WorkerSettings,
     reconnect: Option<Reconnect>,
-    report_for: Duration,
-    call_timeout: Option<Duration>,
 }
 
 impl<D: ?Sized> Clone for Worker<'_, D> {
     fn clone(&self) -> Self {
         Worker {
             db: self.db,
-            timeout: self.timeout,
-            lease: self.lease,
-            heartbeat_every: self.heartbeat_every,
-            name: self.name.clone(),
+            settings: self.settings.clone(),
             reconnect: self.reconnect.clone(),
-            report_for: self.report_for,
-            call_timeout: self.call_timeout,
         }
     }
 }
@@ -253,13 +239,8 @@ impl<D: ?Sized> Clone for Worker<'_, D> {
 impl<D: ?Sized> std::fmt::Debug for Worker<'_, D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Worker")
-            .field("timeout", &self.timeout)
-            .field("lease", &self.lease)
-            .field("heartbeat_every", &self.heartbeat_every)
-            .field("name", &self.name)
+            .field("settings", &self.settings)
             .field("reconnect", &self.reconnect.is_some())
-            .field("report_for", &self.report_for)
-            .field("call_timeout", &self.call_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -302,15 +283,15 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
     /// timeout: when it fires the attempt becomes `unknown`). Lease: 30 seconds; heartbeats
     /// every third of the lease.
     pub fn new(db: &'a D, timeout: Duration) -> Self {
+        Self::with_settings(db, WorkerSettings::new(timeout))
+    }
+
+    /// A worker on `db` with `settings` (a [`crate::Runner`]'s, for each attempt it runs).
+    pub(crate) fn with_settings(db: &'a D, settings: WorkerSettings) -> Self {
         Worker {
             db,
-            timeout,
-            lease: DEFAULT_LEASE,
-            heartbeat_every: None,
-            name: None,
+            settings,
             reconnect: None,
-            report_for: DEFAULT_REPORT_FOR,
-            call_timeout: None,
         }
     }
 
@@ -331,11 +312,12 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
         self
     }
 
-    /// How long to keep retrying a report (default five minutes: [`DEFAULT_REPORT_FOR`])
-    /// before giving up and returning the outcome in [`Error::Unreported`]. Only errors that
-    /// may pass ([`Error::is_transient`]) are retried; any other answer ends the report at once.
+    /// How long to keep retrying a report (default five minutes:
+    /// [`DEFAULT_REPORT_FOR`](crate::DEFAULT_REPORT_FOR)) before giving up and returning the
+    /// outcome in [`Error::Unreported`]. Only errors that may pass ([`Error::is_transient`]) are
+    /// retried; any other answer ends the report at once.
     pub fn report_for(mut self, how_long: Duration) -> Self {
-        self.report_for = how_long;
+        self.settings.report_for = how_long;
         self
     }
 
@@ -344,34 +326,32 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
     /// reports no error for many minutes. The report is then made again on a fresh connection
     /// (repeating it is safe). Heartbeats wait at most the heartbeat interval.
     pub fn call_timeout(mut self, timeout: Duration) -> Self {
-        self.call_timeout = Some(timeout);
+        self.settings.call_timeout = Some(timeout);
         self
     }
 
     /// Sets the lease of each attempt (heartbeats extend it by as much).
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
+        self.settings.lease = lease;
         self
     }
 
     /// Sets how often to heartbeat (default: a third of the lease). Keep it well below the
     /// lease.
     pub fn heartbeat_every(mut self, every: Duration) -> Self {
-        self.heartbeat_every = Some(every);
+        self.settings.heartbeat_every = Some(every);
         self
     }
 
     /// Names the worker in `intent.attempts`.
     pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = Some(name.into());
+        self.settings.name = Some(name.into());
         self
     }
 
     /// The interval between heartbeats.
     pub fn heartbeat_interval(&self) -> Duration {
-        self.heartbeat_every
-            .unwrap_or(self.lease / 3)
-            .max(Duration::from_millis(1))
+        self.settings.heartbeat_interval()
     }
 
     /// Begins an attempt of `job_id` (on `provider`, `None` for the job's own) and runs `work`
@@ -412,8 +392,8 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
     fn options<'o>(&'o self, provider: Option<&'o str>) -> BeginOptions<'o> {
         BeginOptions {
             provider,
-            lease: self.lease,
-            worker: self.name.as_deref(),
+            lease: self.settings.lease,
+            worker: self.settings.name.as_deref(),
         }
     }
 
@@ -455,7 +435,7 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
         let ended = {
             let work = work(attempt.clone());
             let keep_alive = self.keep_alive(attempt.id(), &fresh);
-            let timer = tokio::time::sleep(self.timeout);
+            let timer = tokio::time::sleep(self.settings.timeout);
             tokio::pin!(work, keep_alive, timer);
             tokio::select! {
                 // A result that is in hand is reported, even if the timer fired as well.
@@ -492,7 +472,7 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
                 }
             }
             Ended::Timeout => Outcome::Unknown {
-                reason: format!("the caller's timeout of {:?} fired", self.timeout),
+                reason: format!("the caller's timeout of {:?} fired", self.settings.timeout),
             },
             Ended::Stop(_) => {
                 return match ended {
@@ -602,9 +582,9 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
     ) -> Result<Reported, Error> {
         let mut until = Instant::now()
             + if interrupt.fired() {
-                self.report_for.min(INTERRUPTED_REPORT_FOR)
+                self.settings.report_for.min(INTERRUPTED_REPORT_FOR)
             } else {
-                self.report_for
+                self.settings.report_for
             };
         let every = self.heartbeat_interval();
         let mut last_beat = Instant::now();
@@ -614,7 +594,7 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
         loop {
             tries += 1;
             let link = Self::fresh(fresh);
-            let deadline = until.min(Instant::now() + self.try_timeout());
+            let deadline = until.min(Instant::now() + self.settings.call_timeout());
             let answer = {
                 let send = self.send(link.as_ref(), attempt, &outcome);
                 tokio::pin!(send);
@@ -634,7 +614,7 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
                 Some(Ok(reported)) => return Ok(reported),
                 Some(Err(error)) => (error, false),
                 None => (
-                    Error::Timeout(self.try_timeout().min(self.report_for)),
+                    Error::Timeout(self.settings.call_timeout().min(self.settings.report_for)),
                     true,
                 ),
             };
@@ -674,14 +654,6 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
         }
     }
 
-    /// How long one report or heartbeat may take before its connection is taken as broken:
-    /// [`Worker::call_timeout`]'s setting, by default the lease.
-    fn try_timeout(&self) -> Duration {
-        self.call_timeout
-            .unwrap_or(self.lease)
-            .max(Duration::from_millis(1))
-    }
-
     /// Heartbeats until one answers `false` (then `Ok`) or the server refuses one (then `Err`).
     /// An error that may pass is not an answer: the next beat tries again, on a fresh
     /// connection when this one broke (with [`Worker::reconnect`]) — also when a beat gets no
@@ -694,16 +666,17 @@ impl<'a, D: Executor + ?Sized> Worker<'a, D> {
             tokio::time::sleep(every).await;
             let link = Self::fresh(fresh);
             let beat = self.beat(link.as_ref(), attempt_id);
-            let broken = match tokio::time::timeout(every.min(self.try_timeout()), beat).await {
-                Ok(Ok(true)) => false,
-                Ok(Ok(false)) => return Ok(()),
-                Ok(Err(e)) if e.is_transient() => {
-                    self.closed(link.as_ref()) || breaks_connection(&e)
-                }
-                Ok(Err(e)) => return Err(e),
-                // No answer within the interval: the connection went dark.
-                Err(_) => true,
-            };
+            let broken =
+                match tokio::time::timeout(every.min(self.settings.call_timeout()), beat).await {
+                    Ok(Ok(true)) => false,
+                    Ok(Ok(false)) => return Ok(()),
+                    Ok(Err(e)) if e.is_transient() => {
+                        self.closed(link.as_ref()) || breaks_connection(&e)
+                    }
+                    Ok(Err(e)) => return Err(e),
+                    // No answer within the interval: the connection went dark.
+                    Err(_) => true,
+                };
             if broken {
                 // Bounded, so that a connection that frees up later is still tried.
                 let _ = tokio::time::timeout(every, self.replace(fresh)).await;

@@ -1,7 +1,8 @@
 //! Contracts, certifications and certified failover through the client; and binding a
 //! transaction to one owner.
 //!
-//! These need an extension with SPEC § Contracts and failover (`intent.define_contract` …) and
+//! These need an extension with contracts and certified failover (docs/reference.md § 1.3,
+//! `intent.define_contract` …) and
 //! owner isolation (`intent.bound_owner`); on an older installed build each test says so on
 //! stderr and returns. `PG_INTENT_PG_BIN` runs them against a packaged build.
 

@@ -62,7 +62,7 @@ impl Default for ReconcilerConfig {
 
 impl Gateway {
     /// Starts the reconciler, asking `lookup` (e.g. [`FakeProvider`], or
-    /// `pg_intent_client::harness::RequestLookup` for OpenAI-compatible providers), until
+    /// `pg_intent_harness::RequestLookup` for OpenAI-compatible providers), until
     /// `shutdown` resolves (a pass in progress is then dropped: its open transaction rolls
     /// back, nothing half-decided stays). `None` when [`ReconcilerConfig::enabled`] is off.
     pub fn spawn_reconciler_until(

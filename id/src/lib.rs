@@ -95,12 +95,12 @@ fn check_len(s: &str, err: fn(usize) -> IdError) -> Result<(), IdError> {
     Ok(())
 }
 
-/// Checks an owner id's length as the SPEC requires (1–255 characters).
+/// Checks an owner id's length as docs/reference.md § 9 requires (1–255 characters).
 pub fn check_owner(owner_id: &str) -> Result<(), IdError> {
     check_len(owner_id, IdError::OwnerLength)
 }
 
-/// Checks an idempotency key's length as the SPEC requires (1–255 characters).
+/// Checks an idempotency key's length as docs/reference.md § 9 requires (1–255 characters).
 pub fn check_key(idempotency_key: &str) -> Result<(), IdError> {
     check_len(idempotency_key, IdError::KeyLength)
 }
@@ -202,7 +202,7 @@ mod tests {
         assert_eq!(parse_uuid("+2ccd04c-f6e5-82dd-aeee-a9dac8090000"), None);
     }
 
-    /// The SPEC's test vectors: every layer must reproduce them.
+    /// The test vectors of docs/reference.md § 1.4: every layer must reproduce them.
     const VECTORS: &[(&str, &str, &str)] = &[
         ("alice", "click-1", "62ccd04c-f6e5-82dd-aeee-a9dac8090000"),
         ("bob", "click-1", "7f0bee31-33f4-8d37-a75f-6be579b60000"),

@@ -1,6 +1,7 @@
 //! What the client's tests add to the test-cluster harness (pg_intent_cluster, shared with the
 //! integration tests and the gateway's): a fresh database with the extension on this test
-//! binary's cluster, and a `pg_intent_client::Connection` to it.
+//! binary's cluster, and a `pg_intent_client::Connection` to it. (The harness's tests include
+//! this file too: `harness/tests/db/`.)
 #![allow(dead_code)]
 
 use std::ops::Deref;
@@ -39,19 +40,4 @@ impl Deref for TestDb {
     fn deref(&self) -> &Db<'static> {
         &self.0
     }
-}
-
-/// The captions contract (test provider fixture): its checker, then the contract, as an
-/// administrator defines them.
-pub async fn define_captions(db: &Connection) {
-    use pg_intent_test_provider::captions;
-    db.batch_execute(captions::CHECKER_SQL).await.unwrap();
-    pg_intent_client::define_contract(
-        db,
-        captions::CONTRACT,
-        &captions::schema(),
-        Some(captions::CHECKER),
-    )
-    .await
-    .unwrap();
 }

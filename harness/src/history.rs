@@ -11,7 +11,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::RunError;
-use crate::exec::Executor;
+use pg_intent_client::Executor;
 
 /// Where [`super::run`] records every run, passed or refused ([`super::RunOptions::history`]).
 ///
@@ -228,7 +228,7 @@ impl RunHistory {
                     source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
                 })?;
                 for note in &skipped {
-                    log::warn!(target: "pg_intent_client", "run history {store}: {note}");
+                    log::warn!(target: "pg_intent_harness", "run history {store}: {note}");
                 }
                 Ok(Earlier {
                     runs: records

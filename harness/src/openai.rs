@@ -8,14 +8,14 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::redact::{scrub, url_secrets};
-use super::{
-    ContractSuite, Delivery, Parse, Provider, ProviderError, Request, check_temperature, cut,
-    redact_url,
+use crate::evidence::cut;
+use crate::suite::Parse;
+use crate::{
+    ContractSuite, Delivery, Provider, ProviderError, Request, check_temperature, redact_url,
 };
-use crate::provider_keys::ProviderKeys;
-use crate::reconciler::{Lookup, LookupFuture, ProviderStatus, StatusLookup};
-use crate::runner::BoxError;
-use crate::types::AttemptRecord;
+use pg_intent_client::reconciler::{Lookup, LookupFuture, ProviderStatus};
+use pg_intent_client::runner::BoxError;
+use pg_intent_client::{AttemptRecord, ProviderKeys, StatusLookup};
 
 /// How much of an error answer's body is read (and at most [`ERROR_BODY_CHARS`] of it kept).
 const ERROR_BODY_BYTES: usize = 64 * 1024;
@@ -53,7 +53,7 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// buffering the rest.
 ///
 /// ```
-/// use pg_intent_client::harness::{OpenAiCompatible, Provider};
+/// use pg_intent_harness::{OpenAiCompatible, Provider};
 /// let p = OpenAiCompatible::new("gpu-b", "http://127.0.0.1:8089/", "captioner-2");
 /// assert_eq!(p.endpoint(), "http://127.0.0.1:8089/v1/chat/completions");
 /// assert_eq!(p.settings()["model"], "captioner-2");

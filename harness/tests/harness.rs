@@ -15,13 +15,13 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use db::{TestDb, define_captions};
-use pg_intent_client::harness::{
-    self, ContractSuite, Delivery, Failure, OpenAiCompatible, Prompt, Provider, ProviderError,
-    Request, RunError, RunHistory, RunOptions, Verdict,
-};
 use pg_intent_client::{
     self as intent, Attempt, AttemptState, BeginOptions, Completion, Connection, Error, Failover,
     JobState, NewJob, Run, Submitted, WorkError, Worker,
+};
+use pg_intent_harness::{
+    self as harness, ContractSuite, Delivery, Failure, OpenAiCompatible, Prompt, Provider,
+    ProviderError, Request, RunError, RunHistory, RunOptions, Verdict,
 };
 use pg_intent_test_provider::{Mode, TestProvider, captions};
 use serde_json::{Value, json};

@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use db::{TestDb, define_captions};
 use pg_intent_client::Connection;
-use pg_intent_client::harness::{
-    self, ContractSuite, DEFAULT_CONTROL_TOKENS, LocalTokenizer, OpenAiCompatible, Prompt,
-    RenderCheck, RenderChecks, Report, RunOptions, ServerTokenizer, Tokenizer, TokenizerApi,
-    neutralise_control_tokens, neutralise_with,
+use pg_intent_harness::{
+    self as harness, ContractSuite, DEFAULT_CONTROL_TOKENS, LocalTokenizer, OpenAiCompatible,
+    Prompt, RenderCheck, RenderChecks, Report, RunOptions, ServerTokenizer, Tokenizer,
+    TokenizerApi, neutralise_control_tokens, neutralise_with,
 };
 use pg_intent_test_provider::tokenizer::{
     CHATML_TEMPLATE, CHATML_WITHOUT_SYSTEM, CONTROL_TOKENS, Flaw, ProviderTokenizer, tiny_tokenizer,

@@ -25,7 +25,7 @@ const TEMPLATE_FUEL: u64 = 1_000_000;
 ///
 /// ```
 /// # #[cfg(feature = "local-tokenizer")] {
-/// # use pg_intent_client::harness::LocalTokenizer;
+/// # use pg_intent_harness::LocalTokenizer;
 /// # fn f() -> Result<(), Box<dyn std::error::Error>> {
 /// let tokenizer_json = std::fs::read_to_string("model/tokenizer.json")?;
 /// let tokenizer_config_json = std::fs::read_to_string("model/tokenizer_config.json")?;

@@ -10,13 +10,13 @@
 //! reported with `Failure::into_work_error`: only a failure that says nothing was processed
 //! (gpu-a's 429) fails the attempt; a call that times out after sending is marked unknown.
 //!
-//! `DATABASE_URL=... cargo run -p pg_intent_client --example worker -- alice click-1 [slow]`
+//! `DATABASE_URL=... cargo run -p pg_intent_harness --example worker -- alice click-1 [slow]`
 //! (run the submit_service example first; `slow` makes the provider outlast the timeout).
 
 use std::time::Duration;
 
-use pg_intent_client::harness::{Failure, ProviderError};
 use pg_intent_client::{self as intent, Attempt, Completion, Connection, Failover, Worker};
+use pg_intent_harness::{Failure, ProviderError};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Serialize, Deserialize)]

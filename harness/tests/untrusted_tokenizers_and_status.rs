@@ -1,20 +1,24 @@
-//! Review of i16 (attacker's findings): each test asserts the behaviour the threat model
-//! (docs/security.md § 12) promises, and failed on c69c6f4. "What the model receives" is the
-//! prompt a run and a worker send: `ContractSuite::prompt_for` (the user prompt's known
-//! control tokens neutralised).
+//! What a provider's tokenizer, chat template and status answers cannot do to a certification or a
+//! reconciliation (docs/security.md § 12): user input cannot reach the model as a control token or
+//! a turn marker, a tokenizer that never answers cannot hang the harness, a status route the
+//! provider does not have decides nothing, and a `REPEATABLE READ` caller cannot record a second
+//! reconciliation. "What the model receives" is the prompt a run and a worker send:
+//! `ContractSuite::prompt_for` (the user prompt's known control tokens neutralised). Each test
+//! (F1–F7: the findings of the review of i16) asserts what the threat model promises, and failed on
+//! c69c6f4.
 
 mod db;
 
 use std::time::Duration;
 
 use db::{TestDb, define_captions};
-use pg_intent_client::harness::{
-    self, ContractSuite, DEFAULT_CONTROL_TOKENS, LocalTokenizer, OpenAiCompatible, Prompt,
-    RenderChecks, RequestLookup, RunOptions, Tokenizer, TokenizerApi, neutralise_control_tokens,
-    neutralise_with,
-};
 use pg_intent_client::reconciler::Reconciler;
 use pg_intent_client::{self as intent, BeginOptions, Connection, NewJob, Submitted};
+use pg_intent_harness::{
+    self as harness, ContractSuite, DEFAULT_CONTROL_TOKENS, LocalTokenizer, OpenAiCompatible,
+    Prompt, RenderChecks, RequestLookup, RunOptions, Tokenizer, TokenizerApi,
+    neutralise_control_tokens, neutralise_with,
+};
 use pg_intent_test_provider::tokenizer::{CHATML_TEMPLATE, CONTROL_TOKENS, Flaw, tiny_tokenizer};
 use pg_intent_test_provider::{Mode, TestProvider, captions};
 use serde_json::{Value, json};

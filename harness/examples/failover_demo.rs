@@ -5,7 +5,7 @@
 //! `PGDATABASE`, as psql reads them); by hand:
 //!
 //! ```sh
-//! PGHOST=/tmp/… PGPORT=5433 PGUSER=postgres cargo run -q -p pg_intent_client --example failover_demo
+//! PGHOST=/tmp/… PGPORT=5433 PGUSER=postgres cargo run -q -p pg_intent_harness --example failover_demo
 //! ```
 //!
 //! It starts four OpenAI-compatible test providers on loopback (`pg_intent_test_provider`):
@@ -17,14 +17,14 @@
 
 use std::time::Duration;
 
-use pg_intent_client::harness::{
-    self, ContractSuite, OpenAiCompatible, Prompt, Provider, RenderChecks, RequestLookup,
-    RunOptions, TokenizerApi,
-};
 use pg_intent_client::reconciler::Reconciler;
 use pg_intent_client::{
     self as intent, Attempt, BeginOptions, Connection, Error, Failover, NewJob, Run, Submitted,
     WorkError, Worker,
+};
+use pg_intent_harness::{
+    self as harness, ContractSuite, OpenAiCompatible, Prompt, Provider, RenderChecks,
+    RequestLookup, RunOptions, TokenizerApi,
 };
 use pg_intent_test_provider::tokenizer::Flaw;
 use pg_intent_test_provider::{Mode, TestProvider, captions};

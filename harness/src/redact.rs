@@ -25,7 +25,7 @@ fn parsed(url: &str) -> Option<Url> {
 /// loses everything up to its last `@` before the query.
 ///
 /// ```
-/// use pg_intent_client::harness::redact_url;
+/// use pg_intent_harness::redact_url;
 /// assert_eq!(
 ///     redact_url("https://bob:s3cret@api.example.com/v1?api-key=abc&x#frag"),
 ///     "https://redacted@api.example.com/v1?api-key=redacted&redacted"

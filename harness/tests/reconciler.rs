@@ -8,13 +8,13 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use db::TestDb;
-use pg_intent_client::harness::{ContractSuite, OpenAiCompatible, Prompt, RequestLookup};
 use pg_intent_client::reconciler::{Decision, Pass, Reconciler};
 use pg_intent_client::{
     self as intent, AttemptRecord, AttemptState, BeginOptions, Completion, Connection, Error,
     JobState, NewJob, Run, Submitted, Worker,
 };
 use pg_intent_cluster::eventually;
+use pg_intent_harness::{ContractSuite, OpenAiCompatible, Prompt, RequestLookup};
 use pg_intent_test_provider::{Mode, TestProvider, captions};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -29,8 +29,8 @@ fn suite() -> ContractSuite {
     })
 }
 
-fn options() -> pg_intent_client::harness::RunOptions {
-    pg_intent_client::harness::RunOptions::default()
+fn options() -> pg_intent_harness::RunOptions {
+    pg_intent_harness::RunOptions::default()
         .temperature(0.1)
         .call_timeout(Duration::from_secs(30))
 }
@@ -1198,7 +1198,7 @@ async fn a_lock_any_role_holds_does_not_keep_an_attempt_undecided() {
 /// Mallory shares the provider account and sends a request of her own under `key`, before the
 /// worker of the attempt does: the provider keeps it under that key, finished, with her output.
 async fn plant(s: &Setup, key: &str) {
-    use pg_intent_client::harness::{Provider, Request};
+    use pg_intent_harness::{Provider, Request};
     let prompt = Prompt {
         system: captions::system_prompt(),
         user: captions::user_prompt(&captions::input("planted by mallory")),
