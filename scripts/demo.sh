@@ -9,8 +9,8 @@ cd "$ROOT"
 setup_all
 # Act 2 is a Rust program (the client, its contract-test harness, and local HTTP test
 # providers): build it before the story starts, so that compiling does not interrupt it.
-log "building the failover demo (client/examples/failover_demo.rs)"
-cargo build -q -p pg_intent_client --example failover_demo
+log "building the failover demo (harness/examples/failover_demo.rs)"
+cargo build -q -p pg_intent_harness --example failover_demo
 start_cluster
 psql -X -q -c "CREATE EXTENSION pg_intent"
 psql -X -q -f "$ROOT/demo/story.sql"

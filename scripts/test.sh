@@ -129,10 +129,10 @@ bash "$ROOT/scripts/check_releases.sh" self-test
 log "cargo fmt --check"
 cargo fmt --all -- --check
 log "cargo clippy --all-targets -D warnings"
-cargo clippy --workspace --all-targets --features pg_intent_client/local-tokenizer -q -- -D warnings
+cargo clippy --workspace --all-targets --features pg_intent_harness/local-tokenizer -q -- -D warnings
 
-log "unit tests, and the client's and test provider's tests (real clusters of their own)"
-cargo test -q -p pg_intent_protocol -p pg_intent_client -p pg_intent_test_provider --features pg_intent_client/local-tokenizer
+log "unit tests, and the client's, harness's and test provider's tests (real clusters of their own)"
+cargo test -q -p pg_intent_protocol -p pg_intent_client -p pg_intent_harness -p pg_intent_test_provider --features pg_intent_harness/local-tokenizer
 
 start_cluster
 bash "$ROOT/scripts/regress.sh"
