@@ -1,5 +1,5 @@
 -- Mutation for tests/reverse_order_finish.rs: the last result overwrites the job, the bug the
--- compare-and-swap of SPEC rule 3 prevents: a result that lost (to an earlier winner, or to a
+-- compare-and-swap of rule 3 (README) prevents: a result that lost (to an earlier winner, or to a
 -- cancel) becomes the job's result and is told `won`. The real function is kept under another
 -- name and wrapped.
 ALTER FUNCTION intent.complete_attempt(uuid, bigint, jsonb) RENAME TO complete_attempt_real;

@@ -49,7 +49,7 @@ after(() => Promise.all(opened.map((c) => c.end())));
 
 // --- the SQL API -------------------------------------------------------------------------------
 
-// The job id the SPEC derives: SHA-256(owner ‖ 0x00 ‖ key), first 16 bytes, UUID version 8,
+// The job id docs/reference.md § 1.4 derives: SHA-256(owner ‖ 0x00 ‖ key), first 16 bytes, UUID version 8,
 // RFC 9562 variant, last two bytes zero (README § "The SQL API at a glance").
 function uuidText(b) {
   const h = Buffer.from(b).toString('hex');

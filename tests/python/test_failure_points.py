@@ -29,7 +29,7 @@ def owner(name):
 
 
 def job_id_of(owner_id, key):
-    """The job id the SPEC derives: SHA-256(owner ‖ 0x00 ‖ key), first 16 bytes, UUID version 8,
+    """The job id docs/reference.md § 1.4 derives: SHA-256(owner ‖ 0x00 ‖ key), first 16 bytes, UUID version 8,
     RFC 9562 variant, last two bytes zero (README § "The SQL API at a glance")."""
     b = bytearray(hashlib.sha256(owner_id.encode() + b"\0" + key.encode()).digest()[:16])
     b[6] = (b[6] & 0x0F) | 0x80

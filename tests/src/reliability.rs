@@ -1,7 +1,7 @@
 //! Support for the reliability suite (`tests/tests/storm.rs`, `crash.rs`, `hostile_input/`):
 //! how big a run is, a seeded random generator so any run can be replayed, values sent raw on
 //! the wire (bytes that are not UTF-8, jsonb text that serde cannot build, intervals with any
-//! field), the invariants of the SPEC written as SQL, crash detection, and the one-line figures
+//! field), the invariants of docs/protocol.md written as SQL, crash detection, and the one-line figures
 //! that `scripts/reliability.sh` collects.
 //!
 //! Scale: by default every test runs a shortened form that exercises the same code paths in a
