@@ -105,13 +105,7 @@ pub async fn every_state(c: &Client) -> EveryState {
             .unwrap(),
         "won"
     );
-    c.execute(
-        "UPDATE intent.jobs SET created_at = created_at - interval '400 days',
-                                updated_at = updated_at - interval '400 days' WHERE id = $1",
-        &[&purged.job_id],
-    )
-    .await
-    .unwrap();
+    age_job(c, purged.job_id, 400).await.unwrap();
     let n: i64 = c
         .query_one("SELECT intent.purge('1 day', 10)", &[])
         .await

@@ -556,6 +556,29 @@ pub async fn lapse_lease(c: &Client, attempt_id: Uuid) -> Result<u64, tokio_post
     .await
 }
 
+/// Simulated time: makes job `job_id` `days` days older (its `created_at` and `updated_at`), for
+/// retention. The new times are computed here, as in [`lapse_lease`] (Citus, the `citus` target,
+/// refuses `timestamptz - interval` on a column in an UPDATE's SET).
+pub async fn age_job(c: &Client, job_id: Uuid, days: u64) -> Result<u64, tokio_postgres::Error> {
+    let Some(row) = c
+        .query_opt(
+            "SELECT created_at, updated_at FROM intent.jobs WHERE id = $1",
+            &[&job_id],
+        )
+        .await?
+    else {
+        return Ok(0);
+    };
+    let age = Duration::from_secs(days * 86_400);
+    let (created, updated): (std::time::SystemTime, std::time::SystemTime) =
+        (row.get(0), row.get(1));
+    c.execute(
+        "UPDATE intent.jobs SET created_at = $2, updated_at = $3 WHERE id = $1",
+        &[&job_id, &(created - age), &(updated - age)],
+    )
+    .await
+}
+
 /// Sleeps until the server's clock has passed `deadline` of an attempt (read from the table),
 /// so that lease tests do not depend on the two clocks agreeing.
 pub async fn wait_past_deadline(c: &Client, attempt_id: Uuid) {
