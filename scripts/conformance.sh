@@ -89,7 +89,7 @@ fi
 [ $# -eq 1 ] || die "usage: $0 TARGET [--list]"
 
 run_suite() { # run_suite NAME
-  local skip=()
+  local skip=() target suite test
   while read -r target suite test _; do
     [ "$target" = "$t" ] && [ "$suite" = "$1" ] && skip+=(--skip "$test")
   done <<<"$SKIPS"
