@@ -283,7 +283,9 @@ start_cluster() {
       PG_BIN="${PG_INTENT_CITUS_BIN:-$PG_BIN}"
       [ -f "$("$PG_BIN/pg_config" --pkglibdir)/citus.so" ] \
         || die "PG_INTENT_TARGET=citus: no citus.so in $("$PG_BIN/pg_config" --pkglibdir) (set PG_INTENT_CITUS_BIN)"
-      opts="-c shared_preload_libraries=citus -c max_prepared_transactions=100 $opts"
+      # Citus starts a maintenance worker per database (distributed deadlock detection, 2PC
+      # recovery): the mutation runs make one database per mutation.
+      opts="-c shared_preload_libraries=citus -c max_prepared_transactions=100 -c max_worker_processes=64 $opts"
       for w in 1 2; do
         CITUS_WORKERS+=("$(free_port)")
         start_node "$CLUSTER_DIR/worker$w" "${CITUS_WORKERS[-1]}" "$opts"

@@ -13,11 +13,13 @@ use std::sync::OnceLock;
 
 use crate::{Client, Cluster, Db, Target, pg_bin, server_error, target, unique};
 
-/// The server settings of every node.
+/// The server settings of every node. Citus starts a maintenance worker (distributed deadlock
+/// detection, 2PC recovery) per database: a test binary makes many databases.
 pub const SETTINGS: &[(&str, &str)] = &[
     ("shared_preload_libraries", "citus"),
     ("max_prepared_transactions", "100"),
     ("max_connections", "200"),
+    ("max_worker_processes", "64"),
 ];
 
 /// The Citus installation: `PG_INTENT_CITUS_BIN`, or for the `citus` target [`pg_bin`]; None
