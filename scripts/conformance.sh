@@ -17,6 +17,7 @@
 #
 # Usage: bash scripts/conformance.sh TARGET            run the suite on TARGET
 #        bash scripts/conformance.sh TARGET --list     the suites that run on TARGET, one a line
+#        bash scripts/conformance.sh TARGET --skips S  the tests of suite S skipped on TARGET
 # PG_INTENT_TESTS_SABOTAGE=FILE (tests/mutations) is passed through to every suite.
 # PG_INTENT_CONFORMANCE_ONLY="suite …" runs only those of the list.
 set -euo pipefail
@@ -86,7 +87,11 @@ if [ "${2:-}" = --list ]; then
   suites_for "$t"
   exit 0
 fi
-[ $# -eq 1 ] || die "usage: $0 TARGET [--list]"
+if [ "${2:-}" = --skips ]; then # --skips SUITE: the tests of SUITE skipped on TARGET, one a line
+  awk -v t="$t" -v s="${3:-}" '$1 == t && $2 == s { print $3 }' <<<"$SKIPS"
+  exit 0
+fi
+[ $# -eq 1 ] || die "usage: $0 TARGET [--list | --skips SUITE]"
 
 run_suite() { # run_suite NAME
   local skip=() target suite test

@@ -106,7 +106,7 @@ SQL
 # or reads something that is not there, or returns the wrong shape), not that a test caught it.
 UNFIT='SqlState\(E(42883|42703|42804|42601)\)|code: "(42883|42703|42804|42601)"|function intent\.[A-Za-z0-9_]+\([^)]*\) does not exist|relation \\?"intent\.[A-Za-z0-9_]+\\?" does not exist'
 # On citus, Citus refusing to plan the mutation's SQL is no catch either.
-[ "$TARGET" != citus ] || UNFIT="$UNFIT"'|could not create distributed plan|requires repartitioning|cannot perform distributed planning|STABLE functions used in UPDATE queries|complex joins are only supported'
+[ "$TARGET" != citus ] || UNFIT="$UNFIT"'|could not create distributed plan|requires repartitioning|cannot perform distributed planning|STABLE functions used in UPDATE queries|complex joins are only supported|no unique or exclusion constraint matching the ON CONFLICT'
 
 # apply FILE: applies FILE to a new scratch database as fresh_db does, then looks for names
 # that do not exist; prints what is wrong, if anything.
@@ -137,8 +137,13 @@ while read -r mutation binary; do
     printf '%s\n' "$error" >"$log"
     echo "BROKEN  $mutation: $(head -c 300 <<<"$error" | tr '\n' ' ')"; bad=1; continue
   fi
+  # The tests the conformance suite skips on this target (scripts/conformance.sh) are skipped here.
+  skips=()
+  if [ "$TARGET" != native ]; then
+    while read -r t; do [ -z "$t" ] || skips+=(--skip "$t"); done < <(bash "$ROOT/scripts/conformance.sh" "$TARGET" --skips "$binary")
+  fi
   if PG_INTENT_TESTS_SABOTAGE="$file" RUST_BACKTRACE=0 \
-       cargo test -q -p pg_intent_tests --test "$binary" -- --test-threads=1 >"$log" 2>&1; then
+       cargo test -q -p pg_intent_tests --test "$binary" -- --test-threads=1 "${skips[@]}" >"$log" 2>&1; then
     echo "MISSED  $mutation: tests/$binary.rs still passes"; bad=1
   elif grep -qF "sabotage $file:" "$log"; then
     echo "BROKEN  $mutation: fresh_db could not apply it (see $log)"; bad=1
