@@ -14,7 +14,9 @@
 #        bash scripts/lang_tests.sh mutations   each failure point's mutation (tests/mutations)
 #                                               must make both suites fail
 # PG_INTENT_TESTS_SABOTAGE=FILE applies FILE, a mutation, to both databases (as the Rust
-# tests' harness does): the suites must then fail.
+# tests' harness does): the suites must then fail. PG_INTENT_TARGET chooses the cluster (native,
+# native-distributed, citus: scripts/lib.sh start_cluster and prepare_target_db;
+# scripts/conformance.sh).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$ROOT"
@@ -102,7 +104,8 @@ SQL
 )
 for db in lang_python lang_node; do
   sql -d postgres -c "CREATE DATABASE $db"
-  sql -d "$db" -c "CREATE EXTENSION pg_intent"
+  prepare_target_db "$db" || die "cannot prepare database $db for target $(target)"
+  sql -d "$db" -c "SET client_min_messages = warning" -c "CREATE EXTENSION IF NOT EXISTS pg_intent"
   if [ -n "${PG_INTENT_TESTS_SABOTAGE:-}" ]; then
     sql -d "$db" -c "$(cat "$PG_INTENT_TESTS_SABOTAGE")" -c "$SABOTAGE_RIGHTS"
   fi
@@ -110,7 +113,7 @@ done
 [ -z "${PG_INTENT_TESTS_SABOTAGE:-}" ] || log "sabotaged with $PG_INTENT_TESTS_SABOTAGE: the suites must fail"
 # The extension created intent_app, intent_operator and intent_admin; the tests log in as
 # ordinary roles granted them, never as a superuser.
-sql -d postgres <<SQL
+sql -d lang_python <<SQL
 CREATE ROLE $PG_INTENT_APP_ROLE LOGIN NOSUPERUSER IN ROLE intent_app;
 CREATE ROLE $PG_INTENT_OPERATOR_ROLE LOGIN NOSUPERUSER IN ROLE intent_operator;
 CREATE ROLE $PG_INTENT_ADMIN_ROLE LOGIN NOSUPERUSER IN ROLE intent_admin;

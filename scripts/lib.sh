@@ -243,28 +243,107 @@ unset_libpq_env() {
   for v in "${LIBPQ_ENV[@]}"; do unset "$v"; done
 }
 
+# The target the tests run against (tests/README.md § Targets): PG_INTENT_TARGET = native (the
+# default: one node), native-distributed (one node with intent.force_distributed_statements=on:
+# the distributed mode's statements) or citus (a coordinator and two workers on loopback, each
+# database distributed by intent.distribute(); the server of PG_INTENT_CITUS_BIN, or of PG_BIN).
+# start_cluster starts a cluster of that target; prepare_target_db makes a database the caller
+# created on it ready for the target (on native-distributed, checks that the switch is on).
+TARGETS="native native-distributed citus"
+CITUS_WORKERS=()
+target() {
+  local t="${PG_INTENT_TARGET:-native}"
+  [[ " $TARGETS " == *" $t "* ]] || die "PG_INTENT_TARGET=$t: one of $TARGETS"
+  echo "$t"
+}
+
+# start_node DIR PORT OPTIONS: initdb into DIR/data and start it, socket and log in DIR.
+start_node() {
+  local dir="$1" port="$2" opts="$3"
+  mkdir -p "$dir"
+  chmod 755 "$dir"
+  [ "$(id -u)" = 0 ] && chown postgres: "$dir"
+  run_pg "$PG_BIN/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$dir/initdb.log" 2>&1 \
+    || { cat "$dir/initdb.log"; die "initdb failed"; }
+  run_pg "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w \
+    -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=on $opts" start >/dev/null \
+    || { cat "$dir/server.log"; die "the server did not start"; }
+}
+
 start_cluster() {
+  local opts="${CLUSTER_OPTS:-}" t w
+  t="$(target)"
   CLUSTER_DIR="$(mktemp -d /tmp/pg_intent.XXXXXX)"
   chmod 755 "$CLUSTER_DIR"
   [ "$(id -u)" = 0 ] && chown postgres: "$CLUSTER_DIR"
+  CITUS_WORKERS=()
+  case "$t" in
+    native-distributed) opts="-c intent.force_distributed_statements=on $opts" ;;
+    citus)
+      PG_BIN="${PG_INTENT_CITUS_BIN:-$PG_BIN}"
+      [ -f "$("$PG_BIN/pg_config" --pkglibdir)/citus.so" ] \
+        || die "PG_INTENT_TARGET=citus: no citus.so in $("$PG_BIN/pg_config" --pkglibdir) (set PG_INTENT_CITUS_BIN)"
+      # Citus starts a maintenance worker per database (distributed deadlock detection, 2PC
+      # recovery): the mutation runs make one database per mutation.
+      opts="-c shared_preload_libraries=citus -c max_prepared_transactions=100 -c max_worker_processes=64 $opts"
+      for w in 1 2; do
+        CITUS_WORKERS+=("$(free_port)")
+        start_node "$CLUSTER_DIR/worker$w" "${CITUS_WORKERS[-1]}" "$opts"
+      done
+      ;;
+  esac
   PGPORT="$(free_port)"
-  run_pg "$PG_BIN/initdb" -D "$CLUSTER_DIR/data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$CLUSTER_DIR/initdb.log" 2>&1 \
-    || { cat "$CLUSTER_DIR/initdb.log"; die "initdb failed"; }
-  run_pg "$PG_BIN/pg_ctl" -D "$CLUSTER_DIR/data" -l "$CLUSTER_DIR/server.log" -w \
-    -o "-p $PGPORT -k $CLUSTER_DIR -c listen_addresses=127.0.0.1 -c fsync=on ${CLUSTER_OPTS:-}" start >/dev/null \
-    || { cat "$CLUSTER_DIR/server.log"; die "the server did not start"; }
+  start_node "$CLUSTER_DIR" "$PGPORT" "$opts"
   # Nothing inherited may redirect a connection: libpq lets a service (PGSERVICE, or a
   # service file) override PGHOST/PGPORT, and PGHOSTADDR wins over PGHOST; the superuser SQL
   # the scripts run must reach this throwaway cluster and nothing else.
   unset_libpq_env
-  export PGHOST="$CLUSTER_DIR" PGPORT PGUSER=postgres PGDATABASE=postgres CLUSTER_DIR
+  export PGHOST="$CLUSTER_DIR" PGPORT PGUSER=postgres PGDATABASE=postgres CLUSTER_DIR PG_BIN
   trap stop_cluster EXIT
-  log "throwaway cluster on port $PGPORT (socket and data in $CLUSTER_DIR)"
+  if [ "$t" = citus ]; then
+    log "throwaway Citus cluster: coordinator on port $PGPORT, workers on ${CITUS_WORKERS[*]} (in $CLUSTER_DIR)"
+  else
+    log "throwaway $t cluster on port $PGPORT (socket and data in $CLUSTER_DIR)"
+  fi
+}
+
+# prepare_target_db DB: makes database DB, just created on the cluster of start_cluster, ready
+# for the target. Native: nothing (the caller creates the extension). Citus: DB on every worker
+# too, Citus in each, the workers added, pg_intent created and distributed (as the Rust
+# harness's fresh_db does: tests/cluster/src/citus.rs). Uses PGHOST/PGPORT.
+prepare_target_db() {
+  local db="$1" port answer
+  if [ "$(target)" = native-distributed ]; then
+    # The switch must be pg_intent's own bool setting, and on (not the placeholder of a
+    # misspelt name, nor an older pg_intent without it).
+    answer="$("$PG_BIN/psql" -X -q -At -v ON_ERROR_STOP=1 -d "$db" -c "LOAD 'pg_intent'" \
+      -c "SELECT setting || ' ' || vartype FROM pg_settings WHERE name = 'intent.force_distributed_statements'")" || return 1
+    [ "$answer" = "on bool" ] || { printf 'error: intent.force_distributed_statements in %s: "%s", not "on bool"\n' "$db" "$answer" >&2; return 1; }
+  fi
+  [ "$(target)" = citus ] || return 0
+  [ "${#CITUS_WORKERS[@]}" -gt 0 ] || die "PG_INTENT_TARGET=citus: no Citus workers (start_cluster starts them)"
+  local psql=("$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -U postgres)
+  for port in "${CITUS_WORKERS[@]}"; do
+    "${psql[@]}" -p "$port" -d postgres -c "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" \
+      -c "CREATE DATABASE \"$db\" TEMPLATE template0 ENCODING 'UTF8'" || return 1
+  done
+  for port in "$PGPORT" "${CITUS_WORKERS[@]}"; do
+    "${psql[@]}" -p "$port" -d "$db" -c "SET client_min_messages = warning" -c "CREATE EXTENSION citus" || return 1
+  done
+  "${psql[@]}" -p "$PGPORT" -d "$db" -c "SELECT citus_set_coordinator_host('127.0.0.1', $PGPORT)" >/dev/null || return 1
+  for port in "${CITUS_WORKERS[@]}"; do
+    "${psql[@]}" -p "$PGPORT" -d "$db" -c "SELECT citus_add_node('127.0.0.1', $port)" >/dev/null || return 1
+  done
+  answer="$("${psql[@]}" -p "$PGPORT" -d "$db" -At -c "CREATE EXTENSION pg_intent" -c "SELECT intent.distribute()")" || return 1
+  [[ "$answer" == distributed* ]] || { printf 'error: intent.distribute() in %s: %s\n' "$db" "$answer" >&2; return 1; }
 }
 
 stop_cluster() {
   [ -n "${CLUSTER_DIR:-}" ] || return 0
-  run_pg "$PG_BIN/pg_ctl" -D "$CLUSTER_DIR/data" -m immediate stop >/dev/null 2>&1 || true
+  local d
+  for d in "$CLUSTER_DIR"/data "$CLUSTER_DIR"/worker*/data; do
+    [ -d "$d" ] && { run_pg "$PG_BIN/pg_ctl" -D "$d" -m immediate stop >/dev/null 2>&1 || true; }
+  done
   rm -rf "$CLUSTER_DIR"
   CLUSTER_DIR=""
 }

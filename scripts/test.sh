@@ -13,8 +13,16 @@
 #   7. on every other supported major (pgrx.toml: 16, 17, 18): the build, pg_regress, isolation,
 #      the four failure points, the host-database suite and the security tests,
 #   8. the major-version upgrade (pg_upgrade from 15 to 18) and the Debian package;
-# and, between 5 and 6, the distributed mode on a real Citus cluster, with Citus built once
-# from ../shared/vendor (or skipped, saying so, where that folder is absent).
+# and, between 5 and 6, the conformance suite (scripts/conformance.sh: one list of suites —
+# pg_regress and isolation, the model check, the four failure points in Rust, Python and
+# Node.js, host database, security, threat model, a short storm — run against a target chosen by
+# PG_INTENT_TARGET, tests/README.md § Targets) on the targets the full run does not cover:
+#   native-distributed  one node with intent.force_distributed_statements=on, always;
+#   citus               a coordinator and two workers (each database distributed), with the
+#                       distributed mode's own tests (tests/tests/citus.rs), where Citus is
+#                       built once from the vendored source (or PG_INTENT_CITUS_BIN names a
+#                       server with it), else skipped, saying so.
+# (native, the default target, is what steps 3-6 run.)
 # Usage: bash scripts/test.sh          everything
 #        bash scripts/test.sh majors   only steps 7 and 8 (after a full run)
 #        bash scripts/test.sh upgrade  only step 8
@@ -23,6 +31,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$ROOT"
 
 only="${1:-all}"
+# Steps 3-6 run on the native target; the conformance runs below name theirs.
+unset PG_INTENT_TARGET
 case "$only" in all | majors | upgrade) ;; *) die "usage: $0 [majors|upgrade]" ;; esac
 
 check_disk
@@ -71,6 +81,8 @@ citus() {
   fi
   log "the distributed mode on a real Citus cluster ($("$cfg" --version), 1 coordinator + 2 workers on loopback)"
   PG_INTENT_CITUS_BIN="$PG_INTENT_CITUS_BIN" cargo test -q -p pg_intent_tests --test citus -- --test-threads=2
+  log "the conformance suite on target citus"
+  PG_INTENT_CITUS_BIN="$PG_INTENT_CITUS_BIN" bash "$ROOT/scripts/conformance.sh" citus
 }
 
 # pg_upgrade from the default major to pgrx.toml's upgrade_to, with a job in every state
@@ -144,6 +156,9 @@ bash "$ROOT/scripts/valgrind.sh"
 log "integration tests (real clusters, real concurrent connections)"
 # (The Citus tests say they skipped here; citus, below, runs them on the Citus server.)
 env -u PG_INTENT_CITUS_BIN cargo test -q -p pg_intent_tests -- --test-threads=1
+
+log "the conformance suite on target native-distributed (the distributed mode's statements on one node)"
+bash "$ROOT/scripts/conformance.sh" native-distributed
 
 citus
 

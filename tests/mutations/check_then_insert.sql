@@ -1,4 +1,4 @@
--- Mutation for tests/double_click.rs: submit_job as a check-then-insert, the bug SPEC rule 1
+-- Mutation for tests/double_click.rs: submit_job as a check-then-insert, the bug rule 1 (README)
 -- forbids. Two callers that both find no row both "create" the job.
 CREATE OR REPLACE FUNCTION intent.submit_job(
     owner_id text, idempotency_key text, provider text, params jsonb,

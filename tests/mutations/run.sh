@@ -20,7 +20,14 @@
 #           on an error that says the mutation no longer fits the extension
 #   ERROR   the target binary failed without running its tests (build error, no such binary)
 # Exit status 1 unless every mutation is caught. Logs: /tmp/mutation-<file>.log
+# (/tmp/mutation-<target>-<file>.log for another target).
+#
+# PG_INTENT_TARGET (native, native-distributed, citus: tests/README.md § Targets) chooses what
+# the tests and the scratch cluster run against; for a target other than native, only the
+# mutations whose binary is in that target's conformance suite (scripts/conformance.sh) run, and
+# the others are listed as not applicable.
 # Usage: bash tests/mutations/run.sh [mutation.sql ...]   (default: every mutation listed below)
+#        PG_INTENT_TARGET=citus bash tests/mutations/run.sh
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 cd "$ROOT"
@@ -61,6 +68,19 @@ for f in tests/mutations/*.sql; do
     || die "$f is not listed in tests/mutations/run.sh"
 done
 
+TARGET="$(target)"
+export PG_INTENT_TARGET="$TARGET"
+if [ "$TARGET" != native ]; then
+  CONFORMANCE=" $(bash "$ROOT/scripts/conformance.sh" "$TARGET" --list | tr '\n' ' ') "
+  while read -r mutation binary; do
+    [[ "$CONFORMANCE" == *" $binary "* ]] \
+      || echo "n/a     $mutation: tests/$binary.rs is not in the conformance suite of $TARGET"
+  done <<<"$LIST"
+  LIST=$(while read -r mutation binary; do
+    [[ "$CONFORMANCE" != *" $binary "* ]] || echo "$mutation $binary"
+  done <<<"$LIST")
+fi
+
 log "building the test binaries"
 cargo test -q -p pg_intent_tests --no-run 2>/tmp/mutation-build.log \
   || { cat /tmp/mutation-build.log; die "the integration tests do not build"; }
@@ -85,6 +105,8 @@ SQL
 # Errors in a test's output that mean the mutation does not fit the extension any more (it calls
 # or reads something that is not there, or returns the wrong shape), not that a test caught it.
 UNFIT='SqlState\(E(42883|42703|42804|42601)\)|code: "(42883|42703|42804|42601)"|function intent\.[A-Za-z0-9_]+\([^)]*\) does not exist|relation \\?"intent\.[A-Za-z0-9_]+\\?" does not exist'
+# On citus, Citus refusing to plan the mutation's SQL is no catch either.
+[ "$TARGET" != citus ] || UNFIT="$UNFIT"'|could not create distributed plan|requires repartitioning|cannot perform distributed planning|STABLE functions used in UPDATE queries|complex joins are only supported|no unique or exclusion constraint matching the ON CONFLICT'
 
 # apply FILE: applies FILE to a new scratch database as fresh_db does, then looks for names
 # that do not exist; prints what is wrong, if anything.
@@ -92,10 +114,14 @@ apply() {
   local db missing
   db="mutation_$(basename "$1" .sql)"
   "${PSQL[@]}" -d postgres -c "CREATE DATABASE $db" 2>&1 || return 1
-  "${PSQL[@]}" -d "$db" -c "CREATE EXTENSION pg_intent" 2>&1 || return 1
+  # On citus: the database on every node, pg_intent created and distributed, as fresh_db does.
+  prepare_target_db "$db" 2>&1 || return 1
+  "${PSQL[@]}" -d "$db" -c "SET client_min_messages = warning" -c "CREATE EXTENSION IF NOT EXISTS pg_intent" 2>&1 || return 1
   # -c sends the whole file as one query, as tokio-postgres' batch_execute does in fresh_db.
   "${PSQL[@]}" -d "$db" -c "$(cat "$1")" 2>&1 || return 1
-  missing=$("${PSQL[@]}" -At -d "$db" -c "$MISSING_NAMES" 2>&1) || { echo "$missing"; return 1; }
+  # (The library loaded first: a setting such as intent.allow_checker_drop is in pg_settings
+  # only once it is.)
+  missing=$("${PSQL[@]}" -At -d "$db" -c "LOAD 'pg_intent'" -c "$MISSING_NAMES" 2>&1) || { echo "$missing"; return 1; }
   [ -z "$missing" ] || { echo "$missing"; return 1; }
 }
 
@@ -103,6 +129,7 @@ bad=0
 while read -r mutation binary; do
   file="$PWD/tests/mutations/$mutation"
   log="/tmp/mutation-$mutation.log"
+  [ "$TARGET" = native ] || log="/tmp/mutation-$TARGET-$mutation.log"
   if [ ! -f "$file" ]; then
     echo "BROKEN  $mutation: no such file"; bad=1; continue
   fi
@@ -110,8 +137,13 @@ while read -r mutation binary; do
     printf '%s\n' "$error" >"$log"
     echo "BROKEN  $mutation: $(head -c 300 <<<"$error" | tr '\n' ' ')"; bad=1; continue
   fi
+  # The tests the conformance suite skips on this target (scripts/conformance.sh) are skipped here.
+  skips=()
+  if [ "$TARGET" != native ]; then
+    while read -r t; do [ -z "$t" ] || skips+=(--skip "$t"); done < <(bash "$ROOT/scripts/conformance.sh" "$TARGET" --skips "$binary")
+  fi
   if PG_INTENT_TESTS_SABOTAGE="$file" RUST_BACKTRACE=0 \
-       cargo test -q -p pg_intent_tests --test "$binary" -- --test-threads=1 >"$log" 2>&1; then
+       cargo test -q -p pg_intent_tests --test "$binary" -- --test-threads=1 "${skips[@]}" >"$log" 2>&1; then
     echo "MISSED  $mutation: tests/$binary.rs still passes"; bad=1
   elif grep -qF "sabotage $file:" "$log"; then
     echo "BROKEN  $mutation: fresh_db could not apply it (see $log)"; bad=1

@@ -1,5 +1,5 @@
--- Mutation for tests/timeout.rs: a timeout reported as a (retryable) failure, the bug SPEC
--- rule 2 forbids. The gate reopens although the provider may still be working.
+-- Mutation for tests/timeout.rs: a timeout reported as a (retryable) failure, the bug rule 2
+-- (README) forbids. The gate reopens although the provider may still be working.
 CREATE OR REPLACE FUNCTION intent.mark_unknown(attempt_id uuid, reason text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql AS $$

@@ -49,7 +49,7 @@ after(() => Promise.all(opened.map((c) => c.end())));
 
 // --- the SQL API -------------------------------------------------------------------------------
 
-// The job id the SPEC derives: SHA-256(owner ‖ 0x00 ‖ key), first 16 bytes, UUID version 8,
+// The job id docs/reference.md § 1.4 derives: SHA-256(owner ‖ 0x00 ‖ key), first 16 bytes, UUID version 8,
 // RFC 9562 variant, last two bytes zero (README § "The SQL API at a glance").
 function uuidText(b) {
   const h = Buffer.from(b).toString('hex');
@@ -179,15 +179,17 @@ async function waitPastDeadline(op, a) {
 
 // Waits until n sessions named applicationName wait for a lock: proof that concurrent calls
 // really are queued. The watcher is a session of the waiters' own role, which may see their wait
-// events.
+// events. On a Citus coordinator (the citus target) a session waits for a lock on a worker: it
+// counts when citus_lock_waits, the wait graph of every node, names it.
 async function waitForLockWaiters(watcher, applicationName, n) {
+  const onCitus = await one(watcher, `SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')`, []);
+  const sql = onCitus
+    ? `SELECT count(*)::int FROM citus_stat_activity WHERE application_name = $1
+         AND (wait_event_type = 'Lock' OR global_pid IN (SELECT waiting_gpid FROM citus_lock_waits))`
+    : `SELECT count(*)::int FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'`;
   let waiting = 0;
   for (let i = 0; i < 1000; i++) {
-    waiting = await one(
-      watcher,
-      `SELECT count(*)::int FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'`,
-      [applicationName],
-    );
+    waiting = await one(watcher, sql, [applicationName]);
     if (waiting >= n) return;
     await sleep(20);
   }

@@ -29,7 +29,7 @@ def owner(name):
 
 
 def job_id_of(owner_id, key):
-    """The job id the SPEC derives: SHA-256(owner ‖ 0x00 ‖ key), first 16 bytes, UUID version 8,
+    """The job id docs/reference.md § 1.4 derives: SHA-256(owner ‖ 0x00 ‖ key), first 16 bytes, UUID version 8,
     RFC 9562 variant, last two bytes zero (README § "The SQL API at a glance")."""
     b = bytearray(hashlib.sha256(owner_id.encode() + b"\0" + key.encode()).digest()[:16])
     b[6] = (b[6] & 0x0F) | 0x80
@@ -200,12 +200,19 @@ def wait_past_deadline(op, attempt):
 def wait_for_lock_waiters(watcher, application_name, n):
     """Waits until n sessions named application_name wait for a lock: proof that concurrent calls
     really are queued. The watcher is a session of the waiters' own role, which may see their
-    wait events."""
+    wait events. On a Citus coordinator (the citus target) a session waits for a lock on a
+    worker: it counts when citus_lock_waits, the wait graph of every node, names it."""
+    on_citus = watcher.execute(
+        "SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')"
+    ).fetchone()[0]
+    sql = (
+        "SELECT count(*) FROM citus_stat_activity WHERE application_name = %s"
+        " AND (wait_event_type = 'Lock' OR global_pid IN (SELECT waiting_gpid FROM citus_lock_waits))"
+        if on_citus
+        else "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'"
+    )
     for _ in range(1000):
-        waiting = watcher.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
-            (application_name,),
-        ).fetchone()[0]
+        waiting = watcher.execute(sql, (application_name,)).fetchone()[0]
         if waiting >= n:
             return
         time.sleep(0.02)

@@ -54,12 +54,7 @@ pub async fn every_state(c: &Client) -> EveryState {
         "rejected"
     );
     let w2 = begin(c, won.job_id, None, "1 hour").await.unwrap();
-    c.execute(
-        "UPDATE intent.attempts SET deadline = started_at + interval '1 microsecond' WHERE id = $1",
-        &[&w2.attempt_id],
-    )
-    .await
-    .unwrap();
+    lapse_lease(c, w2.attempt_id).await.unwrap();
     assert_eq!(sweep(c).await.unwrap(), 1);
     abandon(c, w2.attempt_id, "reconciler").await.unwrap();
     let w3 = begin(c, won.job_id, Some("backup"), "1 hour")
@@ -110,13 +105,7 @@ pub async fn every_state(c: &Client) -> EveryState {
             .unwrap(),
         "won"
     );
-    c.execute(
-        "UPDATE intent.jobs SET created_at = created_at - interval '400 days',
-                                updated_at = updated_at - interval '400 days' WHERE id = $1",
-        &[&purged.job_id],
-    )
-    .await
-    .unwrap();
+    age_job(c, purged.job_id, 400).await.unwrap();
     let n: i64 = c
         .query_one("SELECT intent.purge('1 day', 10)", &[])
         .await

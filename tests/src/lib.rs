@@ -1,7 +1,7 @@
 //! Test support for pg_intent's integration tests: the cluster harness (the crate
 //! pg_intent_cluster, re-exported here: throwaway PostgreSQL clusters, fresh databases with the
 //! extension, real tokio-postgres connections) and typed wrappers around the SQL API so that the
-//! tests read like the SPEC.
+//! tests read like docs/reference.md.
 
 pub mod dump;
 pub mod fixtures;
@@ -10,8 +10,8 @@ pub mod reliability;
 pub mod roles;
 
 pub use pg_intent_cluster::{
-    Cluster, Db, FAST, StopMode, cron, eventually, major_of, pg_bin, postgres_command,
-    running_as_root,
+    Cluster, Db, FAST, StopMode, Target, citus, cron, eventually, major_of, pg_bin,
+    postgres_command, running_as_root, target,
 };
 pub use serde_json::{self, Value, json};
 pub use tokio_postgres::{self, Client};
@@ -306,7 +306,7 @@ pub async fn sweep(c: &Client) -> Result<i64, tokio_postgres::Error> {
     Ok(row.get(0))
 }
 
-/// The job id the SPEC derives, computed client side (no database involved).
+/// The job id docs/reference.md § 1.4 derives, computed client side (no database involved).
 pub fn job_id_of(owner: &str, key: &str) -> Uuid {
     Uuid::from_bytes(pg_intent_protocol::job_id_unchecked(owner, key))
 }
@@ -488,7 +488,10 @@ pub async fn backend_pid(c: &Client) -> i32 {
 }
 
 /// Waits until `n` sessions named `application_name` are waiting for a lock (proof that
-/// concurrent calls really are queued behind one another), or panics after `timeout`.
+/// concurrent calls really are queued behind one another), or panics after `timeout`. On a
+/// Citus coordinator (the `citus` target) a session's statement waits on a worker, for a lock
+/// there: such a session counts when Citus's `citus_lock_waits` (the wait graph of every node)
+/// names it as waiting.
 pub async fn wait_for_lock_waiters(
     observer: &Client,
     application_name: &str,
@@ -496,13 +499,26 @@ pub async fn wait_for_lock_waiters(
     timeout: Duration,
 ) {
     let deadline = Instant::now() + timeout;
+    let on_citus: bool = observer
+        .query_one(
+            "SELECT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus')",
+            &[],
+        )
+        .await
+        .expect("read pg_extension")
+        .get(0);
+    let sql = if on_citus {
+        "SELECT count(*) FROM citus_stat_activity
+          WHERE application_name = $1
+            AND (wait_event_type = 'Lock'
+                 OR global_pid IN (SELECT waiting_gpid FROM citus_lock_waits))"
+    } else {
+        "SELECT count(*) FROM pg_stat_activity
+          WHERE application_name = $1 AND wait_event_type = 'Lock'"
+    };
     loop {
         let waiting: i64 = observer
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity
-                  WHERE application_name = $1 AND wait_event_type = 'Lock'",
-                &[&application_name],
-            )
+            .query_one(sql, &[&application_name])
             .await
             .expect("read pg_stat_activity")
             .get(0);
@@ -515,6 +531,52 @@ pub async fn wait_for_lock_waiters(
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Simulated time: moves the deadline of attempt `attempt_id` to just after its start, so its
+/// lease has run out (exactly what the server would see once the lease had passed); the number
+/// of rows changed. In two statements, the new deadline computed here: Citus (the `citus`
+/// target) refuses an UPDATE of a distributed table whose SET applies a STABLE function
+/// (`timestamptz + interval`) to a column.
+pub async fn lapse_lease(c: &Client, attempt_id: Uuid) -> Result<u64, tokio_postgres::Error> {
+    let Some(row) = c
+        .query_opt(
+            "SELECT job_id, started_at FROM intent.attempts WHERE id = $1",
+            &[&attempt_id],
+        )
+        .await?
+    else {
+        return Ok(0);
+    };
+    let (job_id, started): (Uuid, std::time::SystemTime) = (row.get(0), row.get(1));
+    c.execute(
+        "UPDATE intent.attempts SET deadline = $3 WHERE job_id = $1 AND id = $2",
+        &[&job_id, &attempt_id, &(started + Duration::from_micros(1))],
+    )
+    .await
+}
+
+/// Simulated time: makes job `job_id` `days` days older (its `created_at` and `updated_at`), for
+/// retention. The new times are computed here, as in [`lapse_lease`] (Citus, the `citus` target,
+/// refuses `timestamptz - interval` on a column in an UPDATE's SET).
+pub async fn age_job(c: &Client, job_id: Uuid, days: u64) -> Result<u64, tokio_postgres::Error> {
+    let Some(row) = c
+        .query_opt(
+            "SELECT created_at, updated_at FROM intent.jobs WHERE id = $1",
+            &[&job_id],
+        )
+        .await?
+    else {
+        return Ok(0);
+    };
+    let age = Duration::from_secs(days * 86_400);
+    let (created, updated): (std::time::SystemTime, std::time::SystemTime) =
+        (row.get(0), row.get(1));
+    c.execute(
+        "UPDATE intent.jobs SET created_at = $2, updated_at = $3 WHERE id = $1",
+        &[&job_id, &(created - age), &(updated - age)],
+    )
+    .await
 }
 
 /// Sleeps until the server's clock has passed `deadline` of an attempt (read from the table),

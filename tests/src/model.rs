@@ -253,7 +253,7 @@ impl Job {
     }
 
     /// Logs a late report unless this attempt's late report of that kind is already logged:
-    /// the same attempt reporting again is a replay (SPEC: "calling again for the same attempt
+    /// the same attempt reporting again is a replay (docs/reference.md § 1.1: "calling again for the same attempt
     /// returns the same answer and changes nothing"), and replays are never logged.
     fn log_late(&mut self, kind: &str, attempt: Uuid) {
         if !self
@@ -277,7 +277,7 @@ impl Job {
         self.log("timeout", Some(id));
     }
 
-    /// The compare-and-swap of SPEC rule 3. Returns whether it changed the job.
+    /// The compare-and-swap of rule 3 (README). Returns whether it changed the job.
     fn cas(&mut self, presented: i64, to: JobState, attempt: Uuid, error: Option<Value>) -> bool {
         if self.version != presented || self.completed_by.is_some() {
             return false;
@@ -333,7 +333,7 @@ pub struct Certification {
     pub expired: bool,
 }
 
-/// The whole database, as the SPEC describes it.
+/// The whole database, as docs/reference.md and docs/protocol.md describe it.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Model {
     pub jobs: BTreeMap<Uuid, Job>,
@@ -357,7 +357,7 @@ fn interval_ok(secs: i64) -> bool {
     (1..=(MAX_LEASE_MICROS / 1_000_000) as i64).contains(&secs)
 }
 
-/// The job id of an attempt id: its last two bytes zeroed (SPEC § Names).
+/// The job id of an attempt id: its last two bytes zeroed (docs/reference.md § 1.4).
 pub fn job_of(attempt_id: Uuid) -> (Uuid, i32) {
     let mut b = *attempt_id.as_bytes();
     let no = i32::from(u16::from_be_bytes([b[14], b[15]]));
@@ -366,7 +366,7 @@ pub fn job_of(attempt_id: Uuid) -> (Uuid, i32) {
     (Uuid::from_bytes(b), no)
 }
 
-/// The SPEC's derivations, through the shared id crate (not the extension).
+/// The derivations of docs/reference.md § 1.4, through the shared id crate (not the extension).
 pub fn job_id(owner: &str, key: &str) -> Uuid {
     Uuid::from_bytes(pg_intent_protocol::job_id_unchecked(owner, key))
 }
@@ -441,7 +441,7 @@ impl Model {
         }
     }
 
-    /// Applies one call and returns what the SPEC says it answers.
+    /// Applies one call and returns what docs/reference.md says it answers.
     pub fn apply(&mut self, call: &Call) -> Answer {
         match call {
             Call::Submit {
@@ -625,8 +625,8 @@ impl Model {
                 let of_pair =
                     |c: &Certification| &c.provider == provider && &c.contract == contract;
                 let standing = |c: &Certification| !c.revoked && !c.expired;
-                // "false when there was no current certification"; current as in SPEC
-                // § Contracts: the newest of the pair, not revoked, not expired, earned on the
+                // "false when there was no current certification"; current as in
+                // docs/reference.md § 1.3: the newest of the pair, not revoked, not expired, earned on the
                 // contract's current version. Revoking withdraws every standing one.
                 let newest_current = self
                     .certifications

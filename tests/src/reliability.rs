@@ -1,7 +1,7 @@
 //! Support for the reliability suite (`tests/tests/storm.rs`, `crash.rs`, `hostile_input/`):
 //! how big a run is, a seeded random generator so any run can be replayed, values sent raw on
 //! the wire (bytes that are not UTF-8, jsonb text that serde cannot build, intervals with any
-//! field), the invariants of the SPEC written as SQL, crash detection, and the one-line figures
+//! field), the invariants of docs/protocol.md written as SQL, crash detection, and the one-line figures
 //! that `scripts/reliability.sh` collects.
 //!
 //! Scale: by default every test runs a shortened form that exercises the same code paths in a
@@ -304,7 +304,7 @@ const INVARIANTS: &[(&str, &str)] = &[
     (
         "the job's result is its winner's result",
         "SELECT format('job %s result %s, winner %s returned %s', j.id, j.result, a.id, a.result)
-           FROM intent.jobs j JOIN intent.attempts a ON a.id = j.completed_by
+           FROM intent.jobs j JOIN intent.attempts a ON a.id = j.completed_by AND a.job_id = j.id
           WHERE j.state = 'succeeded' AND j.result IS DISTINCT FROM a.result",
     ),
     (
@@ -347,11 +347,13 @@ const INVARIANTS: &[(&str, &str)] = &[
     (
         "a discarded result is kept on its attempt and its race is logged",
         "SELECT format('attempt %s is discarded with result %s and %s late_result events', a.id, a.result,
-                       (SELECT count(*) FROM intent.events e WHERE e.attempt_id = a.id AND e.kind = 'late_result'))
+                       (SELECT count(*) FROM intent.events e
+                         WHERE e.job_id = a.job_id AND e.attempt_id = a.id AND e.kind = 'late_result'))
            FROM intent.attempts a
           WHERE a.state = 'discarded'
             AND (a.result IS NULL OR NOT EXISTS (SELECT 1 FROM intent.events e
-                                                 WHERE e.attempt_id = a.id AND e.kind = 'late_result'))",
+                                                 WHERE e.job_id = a.job_id AND e.attempt_id = a.id
+                                                   AND e.kind = 'late_result'))",
     ),
     (
         "a cancelled job has no outcome and a cancel event",

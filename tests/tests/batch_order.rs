@@ -1,7 +1,7 @@
 //! Batches that share keys, submitted concurrently in opposite orders, never deadlock: each
 //! batch inserts its new keys in job-id order whatever the order of its arrays, so two batches
-//! meet their common keys in the same order and one waits for the other (SPEC § submit_job:
-//! concurrent identical calls all get the same job; here, whole batches of them).
+//! meet their common keys in the same order and one waits for the other (docs/protocol.md
+//! § Concurrency, § submit_job: concurrent identical calls all get the same job; here, whole batches of them).
 
 use pg_intent_tests::*;
 use std::sync::Arc;

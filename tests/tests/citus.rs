@@ -12,55 +12,18 @@ use pg_intent_tests::*;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use tokio_postgres::{AsyncMessage, NoTls};
 
 const SKIPPED: &str = "skipped: no Citus (set PG_INTENT_CITUS_BIN=<bin directory of a PostgreSQL whose lib directory has citus.so and pg_intent>)";
 
-/// The Citus installation, from `PG_INTENT_CITUS_BIN`; None when the variable is unset. A set
-/// variable that names no Citus is a mistake, not a skip.
-fn citus_bin() -> Option<PathBuf> {
-    let bin = PathBuf::from(std::env::var_os("PG_INTENT_CITUS_BIN")?);
-    let out = Command::new(bin.join("pg_config"))
-        .arg("--pkglibdir")
-        .output()
-        .unwrap_or_else(|e| panic!("PG_INTENT_CITUS_BIN={}: no pg_config: {e}", bin.display()));
-    let lib = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(
-        Path::new(&lib).join("citus.so").exists(),
-        "PG_INTENT_CITUS_BIN={}: {lib}/citus.so does not exist",
-        bin.display()
-    );
-    Some(bin)
-}
-
-struct Nodes {
-    coordinator: Cluster,
-    workers: Vec<Cluster>,
-}
-
-static NODES: OnceLock<Option<Nodes>> = OnceLock::new();
-/// Databases are set up one at a time: roles are cluster-wide and Citus propagates their
-/// changes to every node.
-static SETUP: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+// The 1+2 cluster and the database set-up are the harness's (tests/cluster/src/citus.rs), which
+// the `citus` target of every other suite uses too: one copy, one cluster per test binary.
+use pg_intent_tests::citus::{Nodes, SETUP, citus_bin, citus_db, distributed_db, join_nodes};
 
 /// The 1+2 cluster, started once for the whole test binary; None without Citus.
 fn nodes() -> Option<&'static Nodes> {
-    NODES
-        .get_or_init(|| {
-            let bin = citus_bin()?;
-            let settings = [
-                ("shared_preload_libraries", "citus"),
-                ("max_prepared_transactions", "100"),
-                ("max_connections", "200"),
-            ];
-            let start = || Cluster::start_in(&bin, &settings);
-            Some(Nodes {
-                coordinator: start(),
-                workers: vec![start(), start()],
-            })
-        })
-        .as_ref()
+    pg_intent_tests::citus::nodes()
 }
 
 /// A skip, said plainly, when there is no Citus.
@@ -77,69 +40,6 @@ macro_rules! citus_or_skip {
 }
 
 static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// A new database on every node, Citus in each, the workers added, pg_intent created on the
-/// coordinator (Citus creates it on the workers): not yet distributed.
-async fn citus_db(n: &'static Nodes, prefix: &str) -> Db<'static> {
-    let name = format!(
-        "{prefix}_{}_{}",
-        std::process::id(),
-        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    );
-    let _one_at_a_time = SETUP.lock().await;
-    for node in std::iter::once(&n.coordinator).chain(&n.workers) {
-        node.connect("postgres")
-            .await
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .unwrap();
-        node.connect(&name)
-            .await
-            .batch_execute("CREATE EXTENSION citus")
-            .await
-            .unwrap();
-    }
-    let c = n.coordinator.connect(&name).await;
-    join_nodes(&c, n).await;
-    c.batch_execute("CREATE EXTENSION pg_intent").await.unwrap();
-    Db {
-        cluster: &n.coordinator,
-        name,
-    }
-}
-
-/// Makes the database `c` is connected to on the coordinator a Citus cluster of the nodes.
-async fn join_nodes(c: &Client, n: &Nodes) {
-    c.execute(
-        "SELECT citus_set_coordinator_host('127.0.0.1', $1)",
-        &[&i32::from(n.coordinator.port())],
-    )
-    .await
-    .unwrap();
-    for w in &n.workers {
-        c.execute(
-            "SELECT citus_add_node('127.0.0.1', $1)",
-            &[&i32::from(w.port())],
-        )
-        .await
-        .unwrap();
-    }
-}
-
-/// [`citus_db`], distributed.
-async fn distributed_db(n: &'static Nodes, prefix: &str) -> Db<'static> {
-    let db = citus_db(n, prefix).await;
-    let _one_at_a_time = SETUP.lock().await;
-    let answer: String = db
-        .connect()
-        .await
-        .query_one("SELECT intent.distribute()", &[])
-        .await
-        .unwrap_or_else(|e| panic!("intent.distribute(): {:?}", SqlError::from_error(&e)))
-        .get(0);
-    assert!(answer.starts_with("distributed"), "{answer}");
-    db
-}
 
 /// A connection whose notices (Citus's `citus.log_remote_commands`) are kept.
 async fn connect_capturing(db: &Db<'_>) -> (Client, Arc<Mutex<Vec<String>>>) {

@@ -1,5 +1,5 @@
 //! Many workers pick up one job at once: `begin_attempt` is the gate, and concurrent calls on
-//! one job see at most one success (SPEC § Functions, begin_attempt). The others are refused
+//! one job see at most one success (docs/reference.md § 1.1 begin_attempt). The others are refused
 //! with IJ002 (an attempt is in flight) — never a second attempt, never another error.
 
 use pg_intent_tests::*;

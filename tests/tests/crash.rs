@@ -4,7 +4,7 @@
 //! their backends now and then; then the postmaster is killed with SIGKILL or stopped with
 //! `pg_ctl -m immediate`, cycle after cycle, and restarted.
 //!
-//! After every restart, in SQL: the SPEC's invariants hold over every row (keys unique, at most
+//! After every restart, in SQL: the invariants of docs/protocol.md hold over every row (keys unique, at most
 //! one open attempt per job, a succeeded job's completed_by is its one succeeded attempt, …),
 //! amcheck finds every B-tree index intact, and everything a client was told after COMMIT is
 //! there: every job, every attempt handed out, every `won` (still the job's outcome, with its

@@ -1,6 +1,6 @@
 //! Failure point 1, the double click: one intent arrives many times at once.
 //!
-//! SPEC rule 1: `UNIQUE (owner_id, idempotency_key)` decides, there is no check-then-insert.
+//! rule 1 (README): `UNIQUE (owner_id, idempotency_key)` decides, there is no check-then-insert.
 //! Concurrent identical calls all get the same job id, exactly one of them gets
 //! `created = true`, and exactly one row exists.
 

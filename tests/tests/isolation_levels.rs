@@ -1,4 +1,4 @@
-//! Callers under REPEATABLE READ and SERIALIZABLE (SPEC § submit_job): a concurrent insert of
+//! Callers under REPEATABLE READ and SERIALIZABLE (docs/protocol.md § Concurrency; § submit_job): a concurrent insert of
 //! the same key may surface as SQLSTATE 40001 — "retry the transaction" — but never as a wrong
 //! answer: never another job id, never another error, never two `created = true` that both
 //! commit. After the 40001s are retried, exactly one job exists.

@@ -1,7 +1,7 @@
 //! Failure point 4, results arriving in reverse order: attempt A times out and is abandoned,
 //! attempt B begins, and then both return — in either order, or at the same instant.
 //!
-//! SPEC rule 3: completing is a compare-and-swap on the job row; the first valid completion
+//! rule 3 (README): completing is a compare-and-swap on the job row; the first valid completion
 //! wins whatever order the attempts began in; the loser's result stays on its own attempt row
 //! (`discarded`), never reaches the job, and the race is logged (`late_result` with the winner,
 //! the version the late attempt presented and the current one).

@@ -1,7 +1,7 @@
 //! Failure point 2, the same key with a different input: a client reuses an idempotency key
 //! for another intent (or a bug changes the params between retries).
 //!
-//! SPEC rule 1: the same key with another fingerprint `(provider, params, contract)` is a
+//! rule 1 (README): the same key with another fingerprint `(provider, params, contract)` is a
 //! conflict, never a silent reuse: `IJ001`, whose DETAIL names exactly the fields that differ,
 //! with a HINT; and a refusal changes nothing.
 

@@ -418,7 +418,7 @@ async fn invalid_parameter_value_22023() {
     assert!(heartbeat(&c, a.attempt_id, None).await.unwrap());
 }
 
-/// NULL where the SPEC gives no NULL default is bad input (22023), writes nothing, and says
+/// NULL where docs/reference.md gives no NULL default is bad input (22023), writes nothing, and says
 /// which argument it was.
 async fn null_argument_cases(c: &Client) -> Vec<(&'static str, String)> {
     let s = submit(c, "u", "k", "p", &json!({})).await.unwrap();
@@ -483,7 +483,7 @@ async fn null_arguments_are_22023() {
     }
 }
 
-/// SPEC § Errors: *every* refusal carries a DETAIL with the facts. The NULL-argument refusals
+/// docs/reference.md § 6 (the facts line): *every* refusal carries a DETAIL with the facts. The NULL-argument refusals
 /// (extension/src/input.rs `required`) say which argument was NULL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn null_argument_refusals_carry_a_detail() {

@@ -8,7 +8,7 @@
 //! at most one attempt ever told `won`, and it is the job's `completed_by` with its result on
 //! the job; every attempt told `lost` is discarded (its result kept on its own row) or had
 //! failed; a cancel that said `true` left a cancelled job nobody won; no error but the
-//! documented refusals. Then the SPEC's invariants are checked in SQL over all rows, and no
+//! documented refusals. Then the invariants of docs/protocol.md are checked in SQL over all rows, and no
 //! backend may have crashed.
 //!
 //! Scale: `PG_INTENT_FULL=1` → 64 connections × 1,000 rounds; the default (CI) is 64 × 12.
@@ -831,7 +831,7 @@ async fn storms_with_racing_heartbeats_keep_every_answer_true() {
     storm("storm_heartbeats", true).await;
 }
 
-/// SPEC § Concurrency (protocol.md): "Every call that changes a job locks the job row first …
+/// docs/protocol.md § Concurrency: "Every call that changes a job locks the job row first …
 /// so concurrent calls on one job serialize and cannot deadlock each other". A worker that
 /// heartbeats and completes in one transaction while another delivery of the same result
 /// arrives must therefore get `won` (and the other delivery `won` too, a replay), never 40P01.
@@ -876,7 +876,7 @@ async fn heartbeat_then_complete_in_one_transaction_never_deadlocks() {
     );
 }
 
-/// SPEC rule 1 under the simplest storm: identical submits at the same instant all get the job
+/// rule 1 (README) under the simplest storm: identical submits at the same instant all get the job
 /// (one of them `created`), never an error. A unique violation (23505) from any unique index of
 /// intent.jobs means the insert does not treat every conflict as "the key exists". Regression
 /// test for commit 23efd8e (ON CONFLICT arbitrated the key constraint only; fixed in f33c227),

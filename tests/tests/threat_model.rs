@@ -323,6 +323,10 @@ async fn the_drop_guard_works_for_everyone_and_ignores_planted_objects() {
     c.batch_execute(
         "CREATE TEMP TABLE t (); DROP TABLE t;
          CREATE FUNCTION nb.f() RETURNS int LANGUAGE sql AS 'SELECT 1'; DROP FUNCTION nb.f();
+         -- A function of one jsonb, as a checker takes, that no contract uses: the guard reads
+         -- intent.contracts for it, which this role may not.
+         CREATE FUNCTION nb.h(r jsonb) RETURNS boolean LANGUAGE sql AS 'SELECT true';
+         DROP FUNCTION nb.h(jsonb);
          -- Operators and casts the trigger's comparisons could pick up under this search path.
          CREATE FUNCTION nb.oideq(oid, oid) RETURNS boolean LANGUAGE sql IMMUTABLE AS 'SELECT true';
          CREATE OPERATOR nb.= (LEFTARG = oid, RIGHTARG = oid, FUNCTION = nb.oideq);

@@ -1,7 +1,7 @@
 //! Failure point 3, the timeout: the caller stops waiting, but the provider may still be
 //! working (a GPU still generating, a container still writing to blob storage).
 //!
-//! SPEC rule 2: a timeout makes an attempt `unknown`, never `failed`, and an unknown attempt
+//! rule 2 (README): a timeout makes an attempt `unknown`, never `failed`, and an unknown attempt
 //! blocks the next one (IJ003) until a terminal outcome or an explicit `abandon_attempt`. A
 //! started attempt past its deadline counts as unknown everywhere, swept or not.
 

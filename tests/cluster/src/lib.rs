@@ -14,8 +14,23 @@
 //! PostgreSQL refuses to run as root, so when the tests run as root (as CI does) the directory
 //! is given to the `postgres` user and `initdb`/`pg_ctl` run through `runuser -u postgres --`.
 //!
+//! The same tests run against every **target** ([`target`], `PG_INTENT_TARGET`; tests/README.md
+//! § Targets), the way a driver test suite takes a driver:
+//! - `native` (the default): one node, the single-node statements.
+//! - `native-distributed`: every cluster this harness starts runs with
+//!   `intent.force_distributed_statements=on`, so one node runs the distributed mode's
+//!   statements ([`Cluster::fresh_db`] checks that the switch took effect).
+//! - `citus`: [`Cluster::shared`] (and [`Cluster::shared_fast`]) is the coordinator of a real
+//!   Citus cluster of one coordinator and two workers on loopback ([`citus`]), and its
+//!   [`fresh_db`](Cluster::fresh_db) makes the database on every node, adds the workers,
+//!   creates pg_intent and runs `SELECT intent.distribute()`. Clusters a test starts itself
+//!   ([`Cluster::start_with`] …) stay single-node.
+//!
 //! Environment:
+//! - `PG_INTENT_TARGET`: `native` (default), `native-distributed` or `citus`.
 //! - `PG_INTENT_PG_BIN`: the server's `bin` directory (default: Debian's PostgreSQL 15).
+//! - `PG_INTENT_CITUS_BIN`: the `bin` directory of a PostgreSQL with Citus and pg_intent, for
+//!   the Citus nodes (default for the `citus` target: `PG_INTENT_PG_BIN`'s).
 //! - `PG_INTENT_TEST_CLUSTER=DIR:PORT`: attach the shared cluster to a running server (see
 //!   [`Cluster::keep`]) instead of starting one.
 //! - `PG_INTENT_TESTS_SABOTAGE=FILE`: SQL run in every fresh database after
@@ -24,6 +39,7 @@
 //! (`PG_INTENT_UPGRADE_TO_BIN` and `PG_INTENT_KEEP_UPGRADED` are read by the pg_upgrade test,
 //! which calls [`Cluster::start_in`], [`Cluster::upgrade_to`] and [`Cluster::keep`].)
 
+pub mod citus;
 pub mod cron;
 
 use std::fmt;
@@ -49,6 +65,47 @@ pub fn pg_bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin"))
 }
 
+/// What the tests run against (see the crate's documentation): `PG_INTENT_TARGET`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// One node, the single-node statements (the default).
+    Native,
+    /// One node with `intent.force_distributed_statements=on`: the distributed mode's
+    /// statements.
+    NativeDistributed,
+    /// A coordinator and two workers, the tables distributed by `intent.distribute()`.
+    Citus,
+}
+
+impl Target {
+    /// The name `PG_INTENT_TARGET` gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Native => "native",
+            Target::NativeDistributed => "native-distributed",
+            Target::Citus => "citus",
+        }
+    }
+}
+
+/// The target of this test process, from `PG_INTENT_TARGET` (unset or empty: native). Any
+/// other value is a mistake, not a default.
+pub fn target() -> Target {
+    static TARGET: OnceLock<Target> = OnceLock::new();
+    *TARGET.get_or_init(|| {
+        let value = std::env::var("PG_INTENT_TARGET").unwrap_or_default();
+        [Target::Native, Target::NativeDistributed, Target::Citus]
+            .into_iter()
+            .find(|t| value.is_empty() || t.name() == value)
+            .unwrap_or_else(|| {
+                panic!("PG_INTENT_TARGET={value:?}: one of native, native-distributed, citus")
+            })
+    })
+}
+
+/// The setting the native-distributed target starts every cluster with.
+const FORCE_DISTRIBUTED: (&str, &str) = ("intent.force_distributed_statements", "on");
+
 const NOT_INSTALLED: &str = "the pg_intent extension is not installed into the server of \
      PG_INTENT_PG_BIN (default: Debian's PostgreSQL 15): run scripts/test.sh or cargo pgrx install first";
 
@@ -59,7 +116,7 @@ const MAX_CONNECTIONS: u32 = 300;
 static SEQ: AtomicUsize = AtomicUsize::new(0);
 
 /// A process-wide unique suffix: pid, a counter, and the clock.
-fn unique(prefix: &str) -> String {
+pub(crate) fn unique(prefix: &str) -> String {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
@@ -213,20 +270,37 @@ impl Cluster {
     /// when the test process exits; or, when `PG_INTENT_TEST_CLUSTER` is `DIR:PORT`, the
     /// running server whose socket and `server.log` are in DIR and data in DIR/data (the
     /// pg_upgrade test runs the failure points on the cluster it upgraded). An attached
-    /// cluster is left running.
+    /// cluster is left running. For the `citus` target, the coordinator of [`citus::nodes`].
     pub fn shared() -> &'static Cluster {
         static SHARED: OnceLock<Cluster> = OnceLock::new();
+        if let Some(coordinator) = Cluster::citus_target() {
+            return coordinator;
+        }
         SHARED.get_or_init(|| match std::env::var("PG_INTENT_TEST_CLUSTER") {
             Ok(spec) => Cluster::attach(&spec),
             Err(_) => Cluster::start(),
         })
     }
 
+    /// For the `citus` target (unless `PG_INTENT_TEST_CLUSTER` attaches a server), the
+    /// coordinator of the binary's Citus cluster.
+    fn citus_target() -> Option<&'static Cluster> {
+        if target() != Target::Citus || std::env::var_os("PG_INTENT_TEST_CLUSTER").is_some() {
+            return None;
+        }
+        let nodes = citus::nodes().expect("PG_INTENT_TARGET=citus: no Citus");
+        Some(&nodes.coordinator)
+    }
+
     /// Like [`shared`](Self::shared), a cluster of this test binary, started with [`FAST`]:
     /// for suites that never crash, kill or restart their server (the client's and the
-    /// gateway's tests). `PG_INTENT_TEST_CLUSTER` attaches it too.
+    /// gateway's tests). `PG_INTENT_TEST_CLUSTER` attaches it too; for the `citus` target it
+    /// is [`shared`](Self::shared)'s coordinator.
     pub fn shared_fast() -> &'static Cluster {
         static SHARED: OnceLock<Cluster> = OnceLock::new();
+        if let Some(coordinator) = Cluster::citus_target() {
+            return coordinator;
+        }
         SHARED.get_or_init(|| match std::env::var("PG_INTENT_TEST_CLUSTER") {
             Ok(spec) => Cluster::attach(&spec),
             Err(_) => Cluster::start_with(FAST),
@@ -267,9 +341,14 @@ impl Cluster {
     }
 
     /// Like [`start_with`](Self::start_with), with the server binaries of `bin` (another
-    /// major's `bin` directory).
+    /// major's `bin` directory). For the `native-distributed` target, with
+    /// `intent.force_distributed_statements=on` too.
     pub fn start_in(bin: &Path, settings: &[(&str, &str)]) -> Cluster {
         check_extension_installed(bin);
+        let mut settings = settings.to_vec();
+        if target() == Target::NativeDistributed {
+            settings.push(FORCE_DISTRIBUTED);
+        }
         let as_postgres = running_as_root();
         let dir = std::env::temp_dir().join(unique("pg_intent_it"));
         fs::create_dir(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
@@ -542,8 +621,17 @@ impl Cluster {
         client
     }
 
-    /// Creates a new database and runs `CREATE EXTENSION pg_intent` in it.
+    /// Creates a new database and runs `CREATE EXTENSION pg_intent` in it, then applies
+    /// `PG_INTENT_TESTS_SABOTAGE`. On the coordinator of the `citus` target: the database on
+    /// every node, Citus in each, pg_intent created and `intent.distribute()` run
+    /// ([`citus::distributed_db`]), then the sabotage.
     pub async fn fresh_db(&self, prefix: &str) -> Db<'_> {
+        if citus::is_coordinator(self) {
+            let nodes = citus::nodes().expect("the Citus nodes");
+            let db = citus::distributed_db(nodes, prefix).await;
+            sabotage(&db.connect().await).await;
+            return db;
+        }
         let name = unique(prefix).to_lowercase();
         let admin = self.connect("postgres").await;
         admin
@@ -561,14 +649,21 @@ impl Cluster {
                 server_error(&e)
             );
         }
+        check_target(&client).await;
         sabotage(&client).await;
         db
     }
 
     /// Like [`fresh_db`](Self::fresh_db), but a copy of a template database in which
     /// `CREATE EXTENSION pg_intent` ran once for this cluster: faster, and tests that run in
-    /// parallel do not race on the cluster-wide roles the extension's script creates.
+    /// parallel do not race on the cluster-wide roles the extension's script creates. (On the
+    /// coordinator of the `citus` target, a copy would be on one node only: [`fresh_db`].)
+    ///
+    /// [`fresh_db`]: Self::fresh_db
     pub async fn fresh_db_copied(&self, prefix: &str) -> Db<'_> {
+        if citus::is_coordinator(self) {
+            return self.fresh_db(prefix).await;
+        }
         let template = self
             .template
             .get_or_init(|| async {
@@ -600,7 +695,9 @@ impl Cluster {
             cluster: self,
             name,
         };
-        sabotage(&db.connect().await).await;
+        let client = db.connect().await;
+        check_target(&client).await;
+        sabotage(&client).await;
         db
     }
 
@@ -756,8 +853,36 @@ pub const FAST: &[(&str, &str)] = &[
     ("full_page_writes", "off"),
 ];
 
+/// For the `native-distributed` target, that the switch is pg_intent's own setting (a bool the
+/// library registered, not a placeholder of a misspelt name) and on, in a database of this
+/// cluster (`client`'s).
+async fn check_target(client: &Client) {
+    if target() != Target::NativeDistributed {
+        return;
+    }
+    let (name, value) = FORCE_DISTRIBUTED;
+    client
+        .batch_execute("LOAD 'pg_intent'")
+        .await
+        .unwrap_or_else(|e| panic!("LOAD 'pg_intent': {}", server_error(&e)));
+    let row = client
+        .query_opt(
+            "SELECT setting, vartype FROM pg_catalog.pg_settings WHERE name = $1",
+            &[&name],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("pg_settings: {}", server_error(&e)));
+    let seen = row.map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)));
+    assert_eq!(
+        seen,
+        Some((value.to_string(), "bool".to_string())),
+        "PG_INTENT_TARGET=native-distributed: {name} must be pg_intent's bool setting, on \
+         (an older pg_intent without it?)"
+    );
+}
+
 /// A server error as a short text (its SQLSTATE and message), or the error itself.
-fn server_error(e: &tokio_postgres::Error) -> String {
+pub(crate) fn server_error(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("code: {:?}, message: {:?}", db.code().code(), db.message()),
         None => format!("{e:?}"),

@@ -2,7 +2,7 @@
 -- 22023 (invalid_parameter_value), is checked before anything is looked up (so an unknown id
 -- does not change the answer), never crashes the backend and never writes a row.
 -- Lengths are counted in characters (char_length), so 255 multibyte characters are fine and
--- 256 are not. NULL is accepted only where the SPEC gives a NULL default.
+-- 256 are not. NULL is accepted only where docs/reference.md gives a NULL default.
 \getenv abs_srcdir PG_ABS_SRCDIR
 \i :abs_srcdir/sql/preamble.sql
 TRUNCATE intent.jobs, intent.attempts, intent.events;

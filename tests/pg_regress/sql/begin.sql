@@ -1,4 +1,4 @@
--- begin: intent.begin_attempt, SPEC rule 2 "no new attempt while the last one's outcome is
+-- begin: intent.begin_attempt, rule 2 (README) "no new attempt while the last one's outcome is
 -- open". Refusals, in the order protocol.md checks them: bad input (22023), no such job
 -- (IJ007), job finished (IJ004), an open attempt (IJ002 within its lease, IJ003 unknown),
 -- attempts exhausted (IJ006), failover without certification (IJ005). Every refusal is

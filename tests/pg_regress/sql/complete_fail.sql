@@ -1,4 +1,4 @@
--- complete_fail: intent.complete_attempt and intent.fail_attempt, SPEC rule 3 "exactly one
+-- complete_fail: intent.complete_attempt and intent.fail_attempt, rule 3 (README) "exactly one
 -- winner". Completing is a compare-and-swap on the job row; a result that comes too late is
 -- kept on its own attempt (discarded), never merged into the job, and the race is logged.
 -- Asking again returns the same answer and changes nothing.
@@ -146,7 +146,7 @@ SELECT intent.fail_attempt(intent.attempt_id(intent.job_id('erin', 'unknown-fail
 SELECT * FROM t.unchanged();
 SELECT no, state FROM t.attempts(intent.job_id('erin', 'unknown-fails'));
 
--- 13. Late reports asked again. SPEC: "Calling again for the same attempt returns the same
+-- 13. Late reports asked again. docs/reference.md § 1.1 complete_attempt: calling again for the same attempt returns the same
 --     answer and changes nothing"; protocol.md: "Replays (asking again) are never logged".
 --     The result of erin/retry attempt 1 (failed) is already kept in its late_result event,
 --     and the failure of erin/win attempt 1 (succeeded) in its late_failure event: the same

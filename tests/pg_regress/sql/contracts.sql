@@ -1,4 +1,4 @@
--- contracts: SPEC § Contracts and failover. A contract says what a job's result must satisfy: a
+-- contracts: docs/protocol.md § Contracts and failover. A contract says what a job's result must satisfy: a
 -- JSON Schema (draft 2020-12) for its shape and, optionally, a checker function (jsonb) ->
 -- boolean for what business logic must be able to interpret. Every result of a job with a
 -- contract is validated (schema, then checker) before it can win; a result that breaks it is

@@ -1,6 +1,6 @@
 -- decisions: the out-of-band decisions, abandon_attempt (an operator or reconciler stops
 -- waiting for an attempt) and cancel_job (the owner withdraws the intent), and the story the
--- SPEC is about: two attempts carrying one intent, finishing in either order, exactly one
+-- README is about: two attempts carrying one intent, finishing in either order, exactly one
 -- result winning.
 \getenv abs_srcdir PG_ABS_SRCDIR
 \i :abs_srcdir/sql/preamble.sql

@@ -1,11 +1,11 @@
--- ids: the derivations of SPEC § Names. A job id is derived from (owner_id, idempotency_key),
+-- ids: the derivations of docs/reference.md § 1.4. A job id is derived from (owner_id, idempotency_key),
 -- never random; an attempt id is the job id with attempt_no in its last two bytes, so an
 -- attempt id names its job. intent.job_id, intent.attempt_id and intent.job_of are immutable
 -- and strict (NULL in, NULL out); malformed input raises 22023 (invalid_parameter_value).
 \getenv abs_srcdir PG_ABS_SRCDIR
 \i :abs_srcdir/sql/preamble.sql
 
--- 1. The SPEC's test vectors. Every line must say t: the client library reproduces the same
+-- 1. The test vectors of docs/reference.md § 1.4. Every line must say t: the client library reproduces the same
 --    values, so any change here breaks every other layer's routing.
 SELECT owner_id, idempotency_key, intent.job_id(owner_id, idempotency_key) AS job_id,
        intent.job_id(owner_id, idempotency_key) = expected AS matches_spec
@@ -23,7 +23,7 @@ SELECT n, intent.attempt_id('62ccd04c-f6e5-82dd-aeee-a9dac8090000', n) AS attemp
        intent.job_of(intent.attempt_id('62ccd04c-f6e5-82dd-aeee-a9dac8090000', n)) AS job_of
   FROM unnest(ARRAY[1, 2, 255, 256, 4660, 65535]) AS n;
 
--- 3. The derivation, recomputed here in plain SQL from the SPEC's words:
+-- 3. The derivation, recomputed here in plain SQL from the words of docs/reference.md § 1.4:
 --    h = SHA-256(UTF-8(owner_id) || 0x00 || UTF-8(idempotency_key)), first 16 bytes,
 --    version nibble 8 (b[6] & 0x0F | 0x80), RFC 9562 variant (b[8] & 0x3F | 0x80), b[14] = b[15] = 0.
 CREATE FUNCTION t.spec_job_id(owner_id text, idempotency_key text) RETURNS uuid
@@ -36,7 +36,7 @@ LANGUAGE sql IMMUTABLE STRICT AS $$
                                   || convert_to(idempotency_key, 'UTF8')) FROM 1 FOR 16) AS b) AS s
 $$;
 -- 3000 generated keys (ASCII, Latin-1, Cyrillic, CJK and emoji, 1 to 255 characters): the
--- extension and the SPEC's formula must agree on every one.
+-- extension and the formula of docs/reference.md § 1.4 must agree on every one.
 SELECT count(*) AS keys,
        count(*) FILTER (WHERE intent.job_id(o, k) IS DISTINCT FROM t.spec_job_id(o, k)) AS mismatches
   FROM (SELECT 'owner-' || (i % 7) AS o,

@@ -1,11 +1,11 @@
--- schema: what a DBA reads directly. The tables and states of the SPEC, a COMMENT on every
+-- schema: what a DBA reads directly. The tables and states of docs/reference.md (§ 2, § 4), a COMMENT on every
 -- table and column, the rules that hold even for hand-written SQL (one job per intent, derived
 -- ids, at most one open attempt per job), and nothing granted to PUBLIC.
 \getenv abs_srcdir PG_ABS_SRCDIR
 \i :abs_srcdir/sql/preamble.sql
 TRUNCATE intent.jobs, intent.attempts, intent.events;
 
--- 1. The state types, in the SPEC's order.
+-- 1. The state types, in the order of docs/reference.md § 4.
 SELECT t.typname, array_agg(e.enumlabel ORDER BY e.enumsortorder) AS labels
   FROM pg_type t JOIN pg_enum e ON e.enumtypid = t.oid
  WHERE t.typnamespace = 'intent'::regnamespace GROUP BY t.typname ORDER BY t.typname;
@@ -17,7 +17,7 @@ SELECT c.relname AS "table", a.attname AS "column", format_type(a.atttypid, a.at
  WHERE c.relnamespace = 'intent'::regnamespace AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped
  ORDER BY c.relname, a.attnum;
 
--- 3. Every table, column, type and function of the SPEC carries a COMMENT: this query lists
+-- 3. Every table, column, type and function of docs/reference.md carries a COMMENT: this query lists
 --    the ones that do not, and must return no row.
 SELECT c.relname, a.attname
   FROM pg_class c LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped

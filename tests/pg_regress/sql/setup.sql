@@ -94,12 +94,19 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- t.job(id): the job row without its timestamps; completed_by as the attempt number.
+-- (t.job, t.attempts and t.events are PL/pgSQL, casting each column to the declared type: on
+-- the citus target the tables are distributed, and Citus cannot plan a SQL function's
+-- parameter in a query on a distributed table.)
 CREATE FUNCTION t.job(id uuid)
 RETURNS TABLE (state intent.job_state, version bigint, completed_by integer, attempt_count integer,
                max_attempts integer, result jsonb, error jsonb)
-LANGUAGE sql AS $$
-  SELECT j.state, j.version, t.no(j.completed_by), j.attempt_count, j.max_attempts, j.result, j.error
-    FROM intent.jobs j WHERE j.id = $1
+LANGUAGE plpgsql AS $$
+BEGIN
+  RETURN QUERY
+  SELECT j.state, j.version::bigint, t.no(j.completed_by), j.attempt_count::integer,
+         j.max_attempts::integer, j.result, j.error
+    FROM intent.jobs j WHERE j.id = $1;
+END
 $$;
 
 -- t.attempts(job): the attempts of a job in order, without timestamps; "finished" says
@@ -107,18 +114,24 @@ $$;
 CREATE FUNCTION t.attempts(job uuid)
 RETURNS TABLE (no integer, provider text, state intent.attempt_state, version_read bigint,
                worker text, finished boolean, result jsonb, error jsonb)
-LANGUAGE sql AS $$
-  SELECT a.attempt_no, a.provider, a.state, a.version_read, a.worker, a.finished_at IS NOT NULL,
-         a.result, a.error
-    FROM intent.attempts a WHERE a.job_id = $1 ORDER BY a.attempt_no
+LANGUAGE plpgsql AS $$
+BEGIN
+  RETURN QUERY
+  SELECT a.attempt_no::integer, a.provider::text, a.state, a.version_read::bigint, a.worker::text,
+         a.finished_at IS NOT NULL, a.result, a.error
+    FROM intent.attempts a WHERE a.job_id = $1 ORDER BY a.attempt_no;
+END
 $$;
 
 -- t.events(job): the log of a job in order; the attempt as its number, timestamps masked.
 CREATE FUNCTION t.events(job uuid)
 RETURNS TABLE (kind text, attempt integer, detail text)
-LANGUAGE sql AS $$
-  SELECT e.kind, t.no(e.attempt_id), t.mask(e.detail::text)
-    FROM intent.events e WHERE e.job_id = $1 ORDER BY e.id
+LANGUAGE plpgsql AS $$
+BEGIN
+  RETURN QUERY
+  SELECT e.kind::text, t.no(e.attempt_id), t.mask(e.detail::text)
+    FROM intent.events e WHERE e.job_id = $1 ORDER BY e.id;
+END
 $$;
 
 -- The helpers work: a masked DETAIL, a statement that does not fail, a digest that notices.

@@ -1,4 +1,4 @@
--- submit: intent.submit_job, SPEC rule 1 "one job per intent". The unique constraint on
+-- submit: intent.submit_job, rule 1 (README) "one job per intent". The unique constraint on
 -- (owner_id, idempotency_key) decides; the same key with the same fingerprint (provider, params,
 -- contract) returns the existing job and writes nothing; a different fingerprint is IJ001.
 \getenv abs_srcdir PG_ABS_SRCDIR
@@ -6,7 +6,7 @@
 TRUNCATE intent.jobs, intent.attempts, intent.events;
 
 -- 1. A new key creates the job: created = t, state pending, version 1, no result, and the job
---    id is the derived one (the SPEC's test vector for alice/click-1).
+--    id is the derived one (docs/reference.md § 1.4's test vector for alice/click-1).
 SELECT * FROM intent.submit_job('alice', 'click-1', 'openai', '{"prompt": "a cat", "n": 1}');
 SELECT id = intent.job_id(owner_id, idempotency_key) AS derived_id, owner_id, idempotency_key,
        provider, params, contract, state, version, completed_by, result, error, max_attempts,
@@ -46,7 +46,7 @@ SELECT * FROM intent.submit_job('alice', 'click-1', 'openai', '{"prompt": "a cat
 SELECT * FROM t.unchanged();
 
 -- 6. The key belongs to its owner: bob may use alice's key for his own intent, and gets his
---    own job (the SPEC's test vector for bob/click-1).
+--    own job (docs/reference.md § 1.4's test vector for bob/click-1).
 SELECT * FROM intent.submit_job('bob', 'click-1', 'anthropic', '{"prompt": "a dog"}');
 
 -- 7. A contract is part of the fingerprint: NULL and a name differ both ways. (A job may
@@ -70,7 +70,7 @@ SELECT * FROM intent.submit_job('tenant-42', 'order-2026-11-30-0002', 'openai', 
 \echo SQLSTATE :SQLSTATE
 SELECT * FROM t.unchanged();
 
--- 8. Multibyte owners and keys (the SPEC's test vector for ö/ключ) and a key of exactly 255
+-- 8. Multibyte owners and keys (docs/reference.md § 1.4's test vector for ö/ключ) and a key of exactly 255
 --    characters, 4 bytes each.
 SELECT * FROM intent.submit_job('ö', 'ключ', 'openai', '"just a string"');
 SELECT job_id, created FROM intent.submit_job('ö', repeat('😀', 255), 'openai', '[]');

@@ -65,7 +65,7 @@ pub enum Kind {
 /// What NULL does for an argument.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Null {
-    /// Refused (22023): "NULL only where the SPEC gives a NULL default", "any id argument".
+    /// Refused (22023): "NULL only where docs/reference.md gives a NULL default", "any id argument".
     Refused,
     /// A default (the provider of the job, no contract, no reason, the setting's retention …).
     Default,

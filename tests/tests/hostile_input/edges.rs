@@ -3,7 +3,7 @@
 
 use super::*;
 
-/// Keys are compared byte for byte, without normalisation (SPEC § Names): odd but valid keys —
+/// Keys are compared byte for byte, without normalisation (docs/reference.md § 1.4): odd but valid keys —
 /// bidi overrides, joiners, byte-order marks, noncharacters, astral planes, a composed and a
 /// decomposed "é", 255 four-byte characters — are each a job of their own, with the id every
 /// other layer derives, and a replay of each finds it.

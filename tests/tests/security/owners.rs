@@ -257,21 +257,10 @@ async fn a_tenant_sees_and_touches_only_its_own_jobs() {
     assert_eq!(digest(&admin).await, before, "B's rows are untouched");
 
     // sweep and purge in A's session concern A's rows only.
-    admin
-        .execute(
-            "UPDATE intent.attempts SET deadline = started_at + interval '1 microsecond' WHERE id = $1",
-            &[&stake_b.running.attempt_id],
-        )
+    lapse_lease(&admin, stake_b.running.attempt_id)
         .await
         .unwrap();
-    admin
-        .execute(
-            "UPDATE intent.jobs SET created_at = created_at - interval '400 days',
-                                    updated_at = updated_at - interval '400 days' WHERE id = $1",
-            &[&stake_b.won_job],
-        )
-        .await
-        .unwrap();
+    age_job(&admin, stake_b.won_job, 400).await.unwrap();
     let before = digest(&admin).await;
     assert_eq!(
         sweep(&a).await.unwrap(),

@@ -470,13 +470,7 @@ async fn nothing_planted_in_public_or_pg_temp_is_ever_used() {
             .await
             .unwrap();
         let la = begin(app, l.job_id, None, "1 hour").await.unwrap();
-        admin
-            .execute(
-                "UPDATE intent.attempts SET deadline = started_at + interval '1 microsecond' WHERE id = $1",
-                &[&la.attempt_id],
-            )
-            .await
-            .unwrap();
+        lapse_lease(&admin, la.attempt_id).await.unwrap();
         assert_eq!(
             submit(app, "alice", &format!("{key}-lapse"), "gpu", &json!({}))
                 .await
@@ -493,13 +487,7 @@ async fn nothing_planted_in_public_or_pg_temp_is_ever_used() {
             .await
             .unwrap();
         let lba = begin(app, lb.job_id, None, "1 hour").await.unwrap();
-        admin
-            .execute(
-                "UPDATE intent.attempts SET deadline = started_at + interval '1 microsecond' WHERE id = $1",
-                &[&lba.attempt_id],
-            )
-            .await
-            .unwrap();
+        lapse_lease(&admin, lba.attempt_id).await.unwrap();
         assert_eq!(sweep(operator).await.unwrap(), 1, "{what}");
         assert_eq!(
             operator
