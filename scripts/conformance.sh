@@ -36,6 +36,8 @@ double_click             -      failure point 1
 same_key_different_input -      failure point 2
 timeout                  -      failure point 3
 reverse_order_finish     -      failure point 4
+retries                  -      the default backoff and retry_after (the backoff rule, written once for every mode)
+claim_contention         -      a claim goes past the jobs other transactions hold
 lang                     -      the four failure points from Python and Node.js, as ordinary roles
 host_database            citus  starts its own single-node servers, one per way of loading the library
 security                 -      owner isolation, privileges, definer rights
