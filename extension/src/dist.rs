@@ -25,8 +25,9 @@ thread_local! {
 /// `intent.force_distributed_statements`: the conformance suite's switch (tests/README.md), which
 /// runs the distributed mode's statements on a single node so that every suite — the model
 /// check included — covers them without a Citus cluster. It can only turn the distributed
-/// statements on: on a single node both modes keep the same contract, so a superuser who sets
-/// it changes nothing a caller can observe but speed.
+/// statements on: on a single node both modes keep the same contract. What a caller can observe
+/// besides speed: under contention a distributed claim may take fewer jobs than are claimable
+/// (its candidates are read without locks, then taken one by one, `store/shards.rs`).
 static FORCE: pgrx::guc::GucSetting<bool> = pgrx::guc::GucSetting::<bool>::new(false);
 
 /// Registers the invalidation callback and the switch; called from `_PG_init` (no SQL, no
@@ -35,7 +36,7 @@ pub fn register() {
     pgrx::guc::GucRegistry::define_bool_guc(
         c"intent.force_distributed_statements",
         c"Runs the distributed mode's statements on a single node (for the conformance suite).",
-        c"Off: the distributed statements run only where intent.jobs is distributed by Citus. On: they run everywhere. The answers are the same either way; the single-node statements are faster.",
+        c"Off: the distributed statements run only where intent.jobs is distributed by Citus. On: they run everywhere. Both keep the same contract; the single-node statements are faster, and a claim under contention may take fewer jobs with the distributed ones.",
         &FORCE,
         pgrx::guc::GucContext::Suset,
         pgrx::guc::GucFlags::default(),

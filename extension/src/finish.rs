@@ -200,13 +200,9 @@ fn settle_failure(
         );
     }
     if !other_open {
-        // The settings are read only when no retry_after was given: a bad setting fails only
-        // the calls that need it.
-        let backoff = match retry.after {
-            Some(_) => (0.0, 0.0),
-            None => crate::claim::backoff_settings()?,
-        };
-        if store::reopen_job(client, job.id, retry.after, backoff) == Some(true) {
+        if store::reopen_job(client, job.id, retry.after, crate::claim::backoff_settings)?
+            == Some(true)
+        {
             crate::claim::notify_claimable(&job.provider);
         }
         return Ok(JobState::Pending);

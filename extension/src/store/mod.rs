@@ -349,34 +349,39 @@ static REOPEN_JOB: Statement = Statement {
 };
 
 /// Reopens a running or unknown job after a retryable failure: `after` its retry time (None:
-/// the default backoff from `backoff`, the settings in seconds). Whether it is claimable at
-/// once; None when the job was not running or unknown.
+/// the default backoff, whose settings `backoff` reads, in seconds, only when they are used, so
+/// that a bad setting fails only the calls that need it). Whether it is claimable at once; None
+/// when the job was not running or unknown.
 pub fn reopen_job(
     client: &mut SpiClient<'_>,
     job_id: Uuid,
     after: Option<Interval>,
-    backoff: (f64, f64),
-) -> Option<bool> {
+    backoff: impl FnOnce() -> crate::refusal::Answer<(f64, f64)>,
+) -> crate::refusal::Answer<Option<bool>> {
     if let Some(statement) = compat::reopen_job() {
-        return plans::first(plans::run(
+        return Ok(plans::first(plans::run(
             client,
             statement,
             &[job_id.into(), crate::clock::now().into()],
         ))
-        .map(|row| plans::must(&row, 1));
+        .map(|row| plans::must(&row, 1)));
     }
-    plans::first(plans::run(
+    let (first, longest) = match after {
+        Some(_) => (0.0, 0.0),
+        None => backoff()?,
+    };
+    Ok(plans::first(plans::run(
         client,
         &REOPEN_JOB,
         &[
             job_id.into(),
             after.into(),
-            backoff.0.into(),
-            backoff.1.into(),
+            first.into(),
+            longest.into(),
             crate::clock::now().into(),
         ],
     ))
-    .map(|row| plans::must(&row, 1))
+    .map(|row| plans::must(&row, 1)))
 }
 
 /// Attempts whose lease ran out, for sweep: every owner's, or a bound session's own (named

@@ -216,23 +216,27 @@ static FIRST_VERSION: Statement = Statement {
     args: &[pg_sys::UUIDOID],
 };
 
-/// The claim's candidates: a read on every shard (no lock: Citus cannot lock rows of many
-/// shards with SKIP LOCKED), merged on the coordinator, longest-waiting first; a bound
-/// session's own jobs only.
+/// The claim's candidates, a page at a time: a read on every shard (no lock: Citus cannot lock
+/// rows of many shards with SKIP LOCKED), merged on the coordinator, longest-waiting first; a
+/// bound session's own jobs only. `($5, $6)`: the last candidate of the previous page (NULL for
+/// the first), so that candidates another transaction holds do not end the claim.
 static CLAIM_CANDIDATES: Statement = Statement {
     name: "ClaimCandidatesDist",
-    sql: "SELECT j.id FROM intent.jobs j
+    sql: "SELECT j.id, coalesce(j.retry_at, j.updated_at) FROM intent.jobs j
            WHERE j.state = 'pending' AND j.attempt_count < j.max_attempts
              AND coalesce(j.retry_at, j.updated_at) <= $4
              AND ($1::text[] IS NULL OR j.provider = ANY ($1::text[]))
              AND ($3::text IS NULL OR j.owner_id = $3)
-           ORDER BY coalesce(j.retry_at, j.updated_at)
+             AND ($5::timestamptz IS NULL OR (coalesce(j.retry_at, j.updated_at), j.id) > ($5::timestamptz, $6::uuid))
+           ORDER BY coalesce(j.retry_at, j.updated_at), j.id
            LIMIT $2",
     args: &[
         pg_sys::TEXTARRAYOID,
         pg_sys::INT4OID,
         pg_sys::TEXTOID,
         pg_sys::TIMESTAMPTZOID,
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::UUIDOID,
     ],
 };
 
@@ -249,9 +253,13 @@ static CLAIM_TAKE: Statement = Statement {
     args: &[pg_sys::UUIDOID, pg_sys::TEXTARRAYOID, pg_sys::TIMESTAMPTZOID],
 };
 
-/// How many candidates the claim reads per job asked for: some may be taken by a concurrent
-/// claimer between the read and the lock.
+/// How many candidates a page holds per job asked for: some may be taken by a concurrent
+/// claimer between the read and the lock, or held by another transaction.
 const CANDIDATES_PER_JOB: i32 = 2;
+
+/// How many pages a claim reads at most: a claim's work stays bounded (at most 32 candidates
+/// per job asked for) even behind a long run of jobs other transactions hold.
+const MAX_CANDIDATE_PAGES: usize = 16;
 
 /// The purge's candidates: read on every shard, merged on the coordinator, oldest first; a
 /// bound session's own ($3).
@@ -546,22 +554,83 @@ impl Store for Shards {
 
     fn claim(&self, client: &mut SpiClient<'_>, ask: &ClaimAsk) -> Vec<Claimed> {
         let bound = crate::owner::bound_owner();
+        let page = ask.max_jobs.saturating_mul(CANDIDATES_PER_JOB);
+        let mut claimed = Vec::new();
+        let mut after: Option<(TimestampWithTimeZone, Uuid)> = None;
+        for _ in 0..MAX_CANDIDATE_PAGES {
+            let candidates: Vec<(Uuid, TimestampWithTimeZone)> = plans::run(
+                client,
+                &CLAIM_CANDIDATES,
+                &[
+                    ask.providers.clone().into(),
+                    page.into(),
+                    bound.as_deref().into(),
+                    crate::clock::now().into(),
+                    after.map(|(since, _)| since).into(),
+                    after.map(|(_, id)| id).into(),
+                ],
+            )
+            .map(|row| {
+                let id = row.get::<Uuid>(1).ok().flatten().expect("ids are NOT NULL");
+                let since = row
+                    .get::<TimestampWithTimeZone>(2)
+                    .ok()
+                    .flatten()
+                    .expect("a claimable job's time is NOT NULL");
+                (id, since)
+            })
+            .collect();
+            let last_page = candidates.len() < page as usize;
+            after = candidates.last().map(|&(id, since)| (since, id));
+            self.take(client, ask, &candidates, &mut claimed);
+            if last_page || claimed.len() >= ask.max_jobs as usize {
+                break;
+            }
+        }
+        claimed
+    }
+
+    fn purge(&self, client: &mut SpiClient<'_>, retention: Interval, batch_size: i32) -> i64 {
+        let owner = crate::owner::bound_owner();
         let candidates: Vec<Uuid> = plans::run(
             client,
-            &CLAIM_CANDIDATES,
-            &[
-                ask.providers.clone().into(),
-                ask.max_jobs.saturating_mul(CANDIDATES_PER_JOB).into(),
-                bound.as_deref().into(),
-                crate::clock::now().into(),
-            ],
+            &PURGE_CANDIDATES,
+            &[retention.into(), batch_size.into(), owner.as_deref().into()],
         )
         .map(|row| row.get::<Uuid>(1).ok().flatten().expect("ids are NOT NULL"))
         .collect();
-        let mut claimed = Vec::new();
-        for job_id in candidates {
+        let mut purged = 0;
+        for id in candidates {
+            let Some(row) = plans::first(plans::run(
+                client,
+                &PURGE_LOCK,
+                &[id.into(), retention.into(), owner.as_deref().into()],
+            )) else {
+                continue;
+            };
+            let version: i64 = plans::must(&row, 1);
+            plans::run(client, &PURGE_EVENTS, &[id.into()]);
+            plans::run(client, &PURGE_JOB, &[id.into()]);
+            plans::run(client, &RETIRE, &[id.into(), version.into()]);
+            purged += 1;
+        }
+        purged
+    }
+}
+
+impl Shards {
+    /// Takes the candidates in turn, each as the single-node claim takes it, until `claimed`
+    /// holds `ask.max_jobs`; a candidate another transaction holds (or took) is skipped.
+    fn take(
+        &self,
+        client: &mut SpiClient<'_>,
+        ask: &ClaimAsk,
+        candidates: &[(Uuid, TimestampWithTimeZone)],
+        claimed: &mut Vec<Claimed>,
+    ) {
+        for &(job_id, _) in candidates {
             if claimed.len() >= ask.max_jobs as usize {
-                break;
+                return;
             }
             let Some(row) = plans::first(plans::run(
                 client,
@@ -613,33 +682,5 @@ impl Store for Shards {
                 contract,
             });
         }
-        claimed
-    }
-
-    fn purge(&self, client: &mut SpiClient<'_>, retention: Interval, batch_size: i32) -> i64 {
-        let owner = crate::owner::bound_owner();
-        let candidates: Vec<Uuid> = plans::run(
-            client,
-            &PURGE_CANDIDATES,
-            &[retention.into(), batch_size.into(), owner.as_deref().into()],
-        )
-        .map(|row| row.get::<Uuid>(1).ok().flatten().expect("ids are NOT NULL"))
-        .collect();
-        let mut purged = 0;
-        for id in candidates {
-            let Some(row) = plans::first(plans::run(
-                client,
-                &PURGE_LOCK,
-                &[id.into(), retention.into(), owner.as_deref().into()],
-            )) else {
-                continue;
-            };
-            let version: i64 = plans::must(&row, 1);
-            plans::run(client, &PURGE_EVENTS, &[id.into()]);
-            plans::run(client, &PURGE_JOB, &[id.into()]);
-            plans::run(client, &RETIRE, &[id.into(), version.into()]);
-            purged += 1;
-        }
-        purged
     }
 }
