@@ -50,6 +50,19 @@ LIFE="DO \$\$ DECLARE j uuid; a uuid; v bigint; BEGIN FOR i IN 1..$N LOOP
   PERFORM intent.complete_attempt(a, v, '{\"image\": \"x\"}'); END LOOP; END \$\$;"
 REPLAY="DO \$\$ DECLARE j uuid; BEGIN FOR i IN 1..$N LOOP
   SELECT job_id INTO j FROM intent.submit_job('o', 'k-1', 'gpu-a', '{\"prompt\": \"a cat\"}'); END LOOP; END \$\$;"
+RETRY="DO \$\$ DECLARE j uuid; a uuid; v bigint; BEGIN FOR i IN 1..$N LOOP
+  SELECT job_id INTO j FROM intent.submit_job('o', 'r-' || i, 'gpu-a', '{\"prompt\": \"a cat\"}');
+  SELECT attempt_id, version INTO a, v FROM intent.begin_attempt(j);
+  PERFORM intent.heartbeat(a);
+  PERFORM intent.fail_attempt(a, v, '{\"kind\": \"busy\"}', true, interval '0');
+  SELECT attempt_id, version INTO a, v FROM intent.begin_attempt(j);
+  PERFORM intent.complete_attempt(a, v, '{\"image\": \"x\"}'); END LOOP; END \$\$;"
+UNKNOWN="DO \$\$ DECLARE j uuid; a uuid; v bigint; BEGIN FOR i IN 1..$N LOOP
+  SELECT job_id INTO j FROM intent.submit_job('o', 'u-' || i, 'gpu-a', '{\"prompt\": \"a cat\"}');
+  SELECT attempt_id, version INTO a, v FROM intent.begin_attempt(j);
+  PERFORM intent.mark_unknown(a, 'timeout');
+  PERFORM intent.abandon_attempt(a, 'no record');
+  PERFORM intent.cancel_job(j, 'gave up'); END LOOP; END \$\$;"
 BATCH="DO \$\$ BEGIN FOR i IN 1..$((N / 100)) LOOP
   PERFORM count(*) FROM intent.submit_jobs(array_fill('o'::text, ARRAY[100]),
     ARRAY(SELECT 'b-' || i || '-' || g FROM generate_series(1, 100) g), array_fill('gpu-a'::text, ARRAY[100]),
@@ -72,6 +85,8 @@ row() { # row LABEL SQL DIVISOR [SUBTRACT_LABEL]
   row "submit_job, a replay" "$REPLAY" "$N"
   row "submit, begin, complete" "$LIFE" "$N"
   row "submit_jobs, 100 new keys" "$BATCH" "$((N / 100))"
+  row "retry: submit, begin, heartbeat, fail, begin, complete" "$RETRY" "$N"
+  row "unknown: submit, begin, mark_unknown, abandon, cancel" "$UNKNOWN" "$N"
 } | while read -r a b c d e f g h; do
   # label words, then old new divisor
   set -- $a $b $c $d $e $f $g $h
