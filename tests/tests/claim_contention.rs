@@ -7,6 +7,19 @@
 
 use pg_intent_tests::*;
 
+/// The jobs one `claim_attempts` of provider gpu-h begins, at most `max_jobs`, in its order.
+async fn claim(c: &Client, max_jobs: i32) -> Vec<Uuid> {
+    c.query(
+        "SELECT job_id FROM intent.claim_attempts(ARRAY['gpu-h'], 'w', '1 minute', $1)",
+        &[&max_jobs],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_goes_past_the_jobs_another_transaction_holds() {
     let db = Cluster::shared().fresh_db("claim_contention").await;
@@ -30,33 +43,13 @@ async fn a_claim_goes_past_the_jobs_another_transaction_holds() {
         begin(&holder, *job, None, "1 hour").await.unwrap();
     }
 
-    let claimed: Vec<Uuid> = c
-        .query(
-            "SELECT job_id FROM intent.claim_attempts(ARRAY['gpu-h'], 'w', '1 minute', 1)",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
     assert_eq!(
-        claimed,
+        claim(&c, 1).await,
         vec![newer.job_id],
         "the claim takes the newer job, past the 12 another transaction holds"
     );
     holder.batch_execute("ROLLBACK").await.unwrap();
 
     // Released, the older jobs are claimable again, oldest first.
-    let next: Vec<Uuid> = c
-        .query(
-            "SELECT job_id FROM intent.claim_attempts(ARRAY['gpu-h'], 'w', '1 minute', 2)",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert_eq!(next, held[..2].to_vec());
+    assert_eq!(claim(&c, 2).await, held[..2].to_vec());
 }

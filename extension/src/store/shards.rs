@@ -334,6 +334,71 @@ impl Shards {
         );
         Some(found)
     }
+
+    /// Takes the candidates in turn, each as the single-node claim takes it, until `claimed`
+    /// holds `ask.max_jobs`; a candidate another transaction holds (or took) is skipped.
+    fn take(
+        &self,
+        client: &mut SpiClient<'_>,
+        ask: &ClaimAsk,
+        candidates: &[(Uuid, TimestampWithTimeZone)],
+        claimed: &mut Vec<Claimed>,
+    ) {
+        for &(job_id, _) in candidates {
+            if claimed.len() >= ask.max_jobs as usize {
+                return;
+            }
+            let Some(row) = plans::first(plans::run(
+                client,
+                &CLAIM_TAKE,
+                &[
+                    job_id.into(),
+                    ask.providers.clone().into(),
+                    crate::clock::now().into(),
+                ],
+            )) else {
+                continue;
+            };
+            let owner: String = plans::must(&row, 1);
+            let attempt_no: i32 = plans::must(&row, 2);
+            let version: i64 = plans::must(&row, 3);
+            let provider: String = plans::must(&row, 4);
+            let params: Jsonb = row
+                .get::<CallJsonb>(5)
+                .ok()
+                .flatten()
+                .expect("params is NOT NULL")
+                .0;
+            let contract: Option<String> = plans::get(&row, 6);
+            let attempt_id = Uuid::from_bytes(
+                pg_intent_protocol::attempt_id(*job_id.as_bytes(), i64::from(attempt_no))
+                    .expect("attempt_no is within 1..=max_attempts <= 65535"),
+            );
+            let deadline = self.start_attempt(
+                client,
+                &NewAttempt {
+                    attempt_id,
+                    job_id,
+                    owner_id: &owner,
+                    attempt_no,
+                    provider: &provider,
+                    version,
+                    worker: ask.worker.as_deref(),
+                    lease: ask.lease,
+                },
+            );
+            claimed.push(Claimed {
+                job_id,
+                attempt_id,
+                attempt_no,
+                version,
+                deadline,
+                provider,
+                params,
+                contract,
+            });
+        }
+    }
 }
 
 impl Store for Shards {
@@ -615,72 +680,5 @@ impl Store for Shards {
             purged += 1;
         }
         purged
-    }
-}
-
-impl Shards {
-    /// Takes the candidates in turn, each as the single-node claim takes it, until `claimed`
-    /// holds `ask.max_jobs`; a candidate another transaction holds (or took) is skipped.
-    fn take(
-        &self,
-        client: &mut SpiClient<'_>,
-        ask: &ClaimAsk,
-        candidates: &[(Uuid, TimestampWithTimeZone)],
-        claimed: &mut Vec<Claimed>,
-    ) {
-        for &(job_id, _) in candidates {
-            if claimed.len() >= ask.max_jobs as usize {
-                return;
-            }
-            let Some(row) = plans::first(plans::run(
-                client,
-                &CLAIM_TAKE,
-                &[
-                    job_id.into(),
-                    ask.providers.clone().into(),
-                    crate::clock::now().into(),
-                ],
-            )) else {
-                continue;
-            };
-            let owner: String = plans::must(&row, 1);
-            let attempt_no: i32 = plans::must(&row, 2);
-            let version: i64 = plans::must(&row, 3);
-            let provider: String = plans::must(&row, 4);
-            let params: Jsonb = row
-                .get::<CallJsonb>(5)
-                .ok()
-                .flatten()
-                .expect("params is NOT NULL")
-                .0;
-            let contract: Option<String> = plans::get(&row, 6);
-            let attempt_id = Uuid::from_bytes(
-                pg_intent_protocol::attempt_id(*job_id.as_bytes(), i64::from(attempt_no))
-                    .expect("attempt_no is within 1..=max_attempts <= 65535"),
-            );
-            let deadline = self.start_attempt(
-                client,
-                &NewAttempt {
-                    attempt_id,
-                    job_id,
-                    owner_id: &owner,
-                    attempt_no,
-                    provider: &provider,
-                    version,
-                    worker: ask.worker.as_deref(),
-                    lease: ask.lease,
-                },
-            );
-            claimed.push(Claimed {
-                job_id,
-                attempt_id,
-                attempt_no,
-                version,
-                deadline,
-                provider,
-                params,
-                contract,
-            });
-        }
     }
 }
