@@ -32,6 +32,19 @@ pub(crate) fn cut(text: &str) -> String {
     }
 }
 
+/// A rendering's checks as the evidence keeps them (each detail cut).
+impl render::Rendering {
+    pub(crate) fn evidence(&self) -> Value {
+        json!({
+            "passed": self.passed(),
+            "tokens": self.tokens,
+            "checks": self.checks.iter().map(|c| json!({
+                "check": c.name, "passed": c.passed, "detail": cut(&c.detail),
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
+
 /// An output as the evidence keeps it: whole, unless its JSON text is long.
 pub(crate) fn kept(output: &Value) -> Value {
     let text = output.to_string();

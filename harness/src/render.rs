@@ -50,7 +50,6 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use crate::evidence::cut;
 use crate::{ContractSuite, Prompt};
 
 /// The control tokens the `control_tokens` check tries (besides the tokenizer's own special
@@ -533,16 +532,6 @@ impl Rendering {
     /// The first failed check.
     pub fn first_failure(&self) -> Option<&Check> {
         self.checks.iter().find(|c| !c.passed)
-    }
-
-    pub(super) fn evidence(&self) -> Value {
-        json!({
-            "passed": self.passed(),
-            "tokens": self.tokens,
-            "checks": self.checks.iter().map(|c| json!({
-                "check": c.name, "passed": c.passed, "detail": cut(&c.detail),
-            })).collect::<Vec<_>>(),
-        })
     }
 }
 
