@@ -8,6 +8,7 @@
 //! that they skipped, and pass. (The refusal of `intent.distribute()` without Citus runs
 //! always, on the usual test server.)
 
+use pg_intent_tests::roles::{connect_role, create_login_role};
 use pg_intent_tests::*;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -1744,4 +1745,124 @@ async fn removing_it_as_documented_leaves_nothing_on_any_node() {
             .unwrap(),
         "won"
     );
+}
+
+/// docs/scale-out.md § Upgrading: an installation distributed at 0.4.0 or 0.4.1 takes `ALTER
+/// EXTENSION pg_intent UPDATE` to the current version on every node, with a job in flight: the
+/// 0.4.1 index is on every shard, the attempt completes, and a role that knows nothing of
+/// pg_intent can drop a function of one jsonb (which 0.4.x's drop guard refused on the workers).
+#[tokio::test]
+async fn a_distributed_installation_upgrades_with_a_job_in_flight() {
+    let n = citus_or_skip!();
+    let current = env!("CARGO_PKG_VERSION");
+    for from in ["0.4.0", "0.4.1"] {
+        let name = format!(
+            "citus_upgrade_{}_{}",
+            from.replace('.', "_"),
+            std::process::id()
+        );
+        {
+            let _one_at_a_time = SETUP.lock().await;
+            for node in n.all() {
+                node.connect("postgres")
+                    .await
+                    .batch_execute(&format!("CREATE DATABASE {name}"))
+                    .await
+                    .unwrap();
+                node.connect(&name)
+                    .await
+                    .batch_execute("CREATE EXTENSION citus")
+                    .await
+                    .unwrap();
+            }
+            let c = n.coordinator.connect(&name).await;
+            join_nodes(&c, n).await;
+            for sql in [
+                format!("CREATE EXTENSION pg_intent VERSION '{from}'"),
+                "SELECT intent.distribute()".to_string(),
+            ] {
+                c.batch_execute(&sql).await.unwrap_or_else(|e| {
+                    panic!("{from}: {sql}: {}", SqlError::from_error(&e).message)
+                });
+            }
+        }
+        let c = n.coordinator.connect(&name).await;
+        let job = submit(&c, "u", "in-flight", "gpu", &json!({}))
+            .await
+            .unwrap()
+            .job_id;
+        let a = begin(&c, job, None, "1 hour").await.unwrap();
+        c.batch_execute("ALTER EXTENSION pg_intent UPDATE")
+            .await
+            .unwrap_or_else(|e| panic!("UPDATE from {from}: {}", SqlError::from_error(&e).message));
+        let shards: i64 = c
+            .query_one(
+                "SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'intent.jobs'::regclass",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let mut indexed = 0;
+        for node in n.all() {
+            let w = node.connect(&name).await;
+            let version: String = w
+                .query_one(
+                    "SELECT extversion FROM pg_extension WHERE extname = 'pg_intent'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(version, current, "from {from}, node {}", node.port());
+            // Shard indexes are named after the index with the shard id appended (and pg_class
+            // shows shards only with the table visibility override off).
+            w.batch_execute("SET citus.override_table_visibility = off")
+                .await
+                .unwrap();
+            let here: i64 = w
+                .query_one(
+                    "SELECT count(*) FROM pg_class i JOIN pg_namespace s ON s.oid = i.relnamespace
+                      WHERE s.nspname = 'intent' AND i.relkind = 'i'
+                        AND i.relname ~ '^jobs_claimable_by_owner_[0-9]+$'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            indexed += here;
+        }
+        assert_eq!(
+            indexed, shards,
+            "from {from}: the index on every shard of jobs"
+        );
+        complete(&c, a.attempt_id, a.version, &json!({"r": 1}))
+            .await
+            .unwrap_or_else(|e| panic!("from {from}: {e:?}"));
+        let nobody = create_login_role(&c, "nobody", "").await;
+        c.batch_execute(&format!(
+            "CREATE SCHEMA nb_{v} AUTHORIZATION \"{nobody}\"",
+            v = from.replace('.', "_")
+        ))
+        .await
+        .unwrap();
+        let db = Db {
+            cluster: &n.coordinator,
+            name: name.clone(),
+        };
+        connect_role(&db, &nobody)
+            .await
+            .batch_execute(&format!(
+                "CREATE FUNCTION nb_{v}.h(r jsonb) RETURNS boolean LANGUAGE sql AS 'SELECT true';
+                 DROP FUNCTION nb_{v}.h(jsonb)",
+                v = from.replace('.', "_")
+            ))
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "from {from}: DROP by a plain role: {}",
+                    SqlError::from_error(&e).message
+                )
+            });
+    }
 }

@@ -1,0 +1,116 @@
+-- pg_intent 0.4.0 → 0.5.0 in one step: what pg_intent--0.4.0--0.4.1.sql and
+-- pg_intent--0.4.1--0.5.0.sql do, in that order, with the one change that lets a distributed
+-- installation (Citus) take it. ALTER EXTENSION pg_intent UPDATE takes this script, the shortest
+-- path, from 0.4.0. No table changes shape; rows are kept.
+--
+-- Why a script of its own: on Citus the CREATE INDEX of 0.4.0 → 0.4.1 reaches the workers with
+-- the text of the statement being run, and in an extension script that text is the whole
+-- script, which a worker refuses ("cannot insert multiple commands into a prepared
+-- statement"); 0.4.0 → 0.4.1 is released and never edited. Here the index is created by
+-- EXECUTE, whose text is that one statement. On one node it is the same index.
+--
+-- The changes of 0.4.1:
+--   * the drop guard (intent._guard_checker_drop) compares a dropped function's argument type
+--     as text instead of looking it up: the lookup raised "permission denied for schema" for
+--     a type in a schema intent_owner may not use, and so made DROP fail for every role; and a
+--     session with intent.allow_checker_drop = on may drop a checker (pg_restore --clean);
+--   * (no SQL) intent.owner_id cannot change within a transaction once it has bound it, and a
+--     contract's checker runs with the setting itself bound to no owner, so that parallel
+--     workers, which restore the leader's settings and none of its memory, bind as it does;
+--   * the partial index jobs_claimable_by_owner, so that a bound session's claim reads its own
+--     owner's queue only (and the library dates what a call writes by the clock, once per call).
+-- and of 0.5.0:
+--   * the drop guard (intent._guard_checker_drop) returns at once on a Citus worker: a DROP
+--     there is the coordinator's, propagated, and the coordinator's guard has decided it; its
+--     read of the reference table intent.contracts was a distributed query nested in a shard
+--     command, which Citus refuses, so on a distributed installation the DROP of any function
+--     of one jsonb in a schema Citus propagates failed, for every role.
+
+\echo Use "ALTER EXTENSION pg_intent UPDATE TO '0.5.0'" to load this file. \quit
+
+-- ---------------------------------------------------------------------------------------------
+-- Claims by a bound session (issue 24 § 4): the claimable queue per owner, so that a session
+-- bound to one owner claims from its owner's jobs only, at a cost (and a timing) independent of
+-- other owners' queues. The claim order itself (the times the calls write) is the library's
+-- change, not the catalog's.
+-- On Citus the coordinator's CREATE INDEX reaches every node (the workers' copies of the table
+-- and every shard) before a worker runs this script itself: there it is already made.
+DO $$
+BEGIN
+    IF pg_catalog.to_regclass('intent.jobs_claimable_by_owner') IS NOT NULL THEN
+        RETURN;
+    END IF;
+    EXECUTE $sql$CREATE INDEX jobs_claimable_by_owner ON intent.jobs (owner_id, (coalesce(retry_at, updated_at)))
+    WHERE state = 'pending' AND attempt_count < max_attempts$sql$;
+END
+$$;
+COMMENT ON INDEX intent.jobs_claimable_by_owner IS
+    'The claimable jobs per owner, in the order claim_attempts takes them: a bound session''s claim reads its owner''s part only.';
+
+-- The drop guard: nothing to decide on a Citus worker.
+CREATE OR REPLACE FUNCTION intent._guard_checker_drop()
+RETURNS event_trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record;
+BEGIN
+    -- Only a dropped function taking one jsonb can be a checker. Anything else (a table, an
+    -- index, a temp object, and on a Citus worker the shard DDL, where reading the reference
+    -- table intent.contracts would be a nested distributed query) returns here, unread.
+    -- The argument is compared as the text PostgreSQL writes for it (always schema-qualified,
+    -- quoted when quote_all_identifiers is on), never looked up: a lookup of a type in a schema
+    -- intent_owner may not use raises "permission denied for schema", and would make DROP fail
+    -- in every database with such a schema, for every role.
+    IF NOT EXISTS (
+        SELECT FROM pg_catalog.pg_event_trigger_dropped_objects() d
+         WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+           AND pg_catalog.cardinality(d.address_args) OPERATOR(pg_catalog.=) 1
+           AND d.address_args[1] OPERATOR(pg_catalog.=) ANY (ARRAY['pg_catalog.jsonb', '"pg_catalog"."jsonb"']))
+    THEN
+        RETURN;
+    END IF;
+    -- Dropping the extension itself (or its schema) drops the contracts too: nothing to guard.
+    IF pg_catalog.to_regclass('intent.contracts') IS NULL THEN
+        RETURN;
+    END IF;
+    -- On a Citus worker (a node whose group is not the coordinator's, 0), a DROP is the
+    -- coordinator's, propagated, and the coordinator's own guard has decided it; reading the
+    -- reference table intent.contracts here would be a distributed query nested in a shard
+    -- command, which Citus refuses, failing the DROP of every function of one jsonb in a
+    -- schema Citus propagates, for every role (0.5.0). Checkers run on the coordinator.
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_local_group') IS NOT NULL THEN
+        IF EXISTS (SELECT FROM pg_catalog.pg_dist_local_group g WHERE g.groupid OPERATOR(pg_catalog.<>) 0) THEN
+            RETURN;
+        END IF;
+    END IF;
+    -- A session that says so (pg_restore --clean drops every function before the extension,
+    -- and creates it again at once; docs/operations.md § Backups) may drop a checker. Before
+    -- the library is loaded the setting is a placeholder, its text as given.
+    IF pg_catalog.lower(pg_catalog.current_setting('intent.allow_checker_drop', true)) OPERATOR(pg_catalog.=) ANY (ARRAY['on', 'true', 'yes', '1']) THEN
+        RETURN;
+    END IF;
+    -- Distributed, the read below may go to a worker over a connection of intent_owner's.
+    PERFORM intent._before_distributed_read();
+    -- Matched by schema and name (address_names: unquoted, whatever quote_all_identifiers says)
+    -- and the one jsonb argument every checker takes, never by the quoted identity text.
+    SELECT k.name, d.object_identity INTO c
+      FROM pg_catalog.pg_event_trigger_dropped_objects() d
+      JOIN intent.contracts k
+        ON (pg_catalog.parse_ident(k.checker, false))[1] OPERATOR(pg_catalog.=) d.address_names[1]
+       AND (pg_catalog.parse_ident(k.checker, false))[2] OPERATOR(pg_catalog.=) d.address_names[2]
+     WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+       AND pg_catalog.cardinality(d.address_args) OPERATOR(pg_catalog.=) 1
+       AND d.address_args[1] OPERATOR(pg_catalog.=) ANY (ARRAY['pg_catalog.jsonb', '"pg_catalog"."jsonb"'])
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '2BP01',
+            MESSAGE = pg_catalog.format('cannot drop function %s: contract %L uses it as its checker', c.object_identity, c.name),
+            HINT = 'Redefine the contract with another checker, or none, with intent.define_contract() first; to drop it anyway (a pg_restore --clean, which creates it again), SET intent.allow_checker_drop = on.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION intent._guard_checker_drop() IS
+    'Internal: refuses to drop a function that a contract uses as its checker. Runs on every DROP, by any role, as intent_owner.';
