@@ -41,7 +41,7 @@ claim_contention         -      a claim goes past the jobs other transactions ho
 lang                     -      the four failure points from Python and Node.js, as ordinary roles
 host_database            citus  starts its own single-node servers, one per way of loading the library
 security                 -      owner isolation, privileges, definer rights
-threat_model             citus  its attacks build objects (schemas, checkers, triggers, parallel workers) on the coordinator alone; tests/tests/citus.rs covers owner isolation distributed
+threat_model             -      the escape routes of docs/security.md, each attacked by a real login role
 storm                    -      many connections on the same jobs (short: PG_INTENT_STORM_ROUNDS)
 LIST
 )
@@ -68,6 +68,13 @@ regress_skip() { # regress_skip TARGET
 SKIPS=$(cat <<'LIST'
 citus  security  parallel::every_read_through_parallel_workers_is_bound_as_in_the_leader  Citus cannot run the test's probe, a UNION of domain-typed columns in a PL/pgSQL function run by parallel workers ("attribute 1 of type record has wrong type")
 citus  security  shadows::nothing_planted_in_public_or_pg_temp_is_ever_used  a known limit (docs/security.md § Known limits): on Citus a read of the views runs pg_catalog functions by name under the reader's search_path (Citus sends shard queries as text); the calls are not affected
+citus  threat_model  a_session_level_binding_binds_each_transaction  a documented limit (docs/scale-out.md § Row-level security): on Citus a direct read is isolated only for a role bound with ALTER ROLE … SET; a gateway bound by SET or SET LOCAL reads unbound on the workers, and this attack reads directly
+citus  threat_model  a_reset_before_a_parallel_index_build_does_not_reach_its_workers  the same documented limit: the attack's parallel workers read the tables directly as a gateway bound by SET LOCAL
+citus  threat_model  a_binding_cannot_change_within_a_transaction  Citus cannot run the attack's parallel step: a distributed read from a PostgreSQL parallel worker in a transaction that wrote fails ("cannot use 2PC in transactions involving multiple servers", 0A000) before anything is tested
+citus  threat_model  a_binding_dropped_by_a_parallel_first_load_is_refused  as above: the forced parallel read fails with 0A000 ("cannot use 2PC …") on Citus
+citus  threat_model  a_reset_during_executor_start_does_not_reach_the_workers  as above: the forced parallel read fails with 0A000 ("cannot use 2PC …") on Citus
+citus  threat_model  a_first_load_in_parallel_mode_keeps_the_binding  Citus cannot read a distributed table from a PostgreSQL parallel worker here: the read fails (22P04, "row field count is …" / "COPY file signature not recognized") before anything is tested
+citus  threat_model  a_checker_sees_no_owners_rows  its checkers read pg_intent's distributed tables: on Citus the read sends the checker's binding to a worker as the checker's owner, who may not set intent.owner_id there, and define_contract fails (42501, closed) before anything is tested
 LIST
 )
 

@@ -25,6 +25,87 @@ pub async fn create_login_role(admin: &Client, prefix: &str, options: &str) -> S
     name
 }
 
+/// Runs a set-up script one statement at a time, each its own transaction. A script sent
+/// whole (`batch_execute`) is one transaction, and on Citus a schema created in it is not yet on
+/// the workers when a later statement of it, run as another role (`SET ROLE`), creates an
+/// object there over a connection of that role's: "schema … does not exist".
+pub async fn run_each(c: &Client, script: &str) {
+    for statement in statements(script) {
+        c.batch_execute(&statement)
+            .await
+            .unwrap_or_else(|e| panic!("{statement}: {:?}", SqlError::from_error(&e)));
+    }
+}
+
+/// A script's statements: split at each `;` outside quotes, quoted identifiers, comments and
+/// dollar-quoted bodies.
+pub fn statements(script: &str) -> Vec<String> {
+    let b = script.as_bytes();
+    let (mut out, mut start, mut i) = (Vec::new(), 0, 0);
+    while i < b.len() {
+        match b[i] {
+            b'\'' | b'"' => {
+                let q = b[i];
+                i += 1;
+                while i < b.len() && b[i] != q {
+                    i += 1;
+                }
+            }
+            b'-' if b.get(i + 1) == Some(&b'-') => {
+                while i < b.len() && b[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'$' => {
+                let tag_end = b[i + 1..]
+                    .iter()
+                    .position(|&c| !(c.is_ascii_alphanumeric() || c == b'_'))
+                    .map(|p| i + 1 + p);
+                if let Some(e) = tag_end.filter(|&e| b[e] == b'$') {
+                    let tag = &script[i..=e];
+                    let body = e + 1;
+                    i = script[body..]
+                        .find(tag)
+                        .map_or(b.len(), |p| body + p + tag.len() - 1);
+                }
+            }
+            b';' => {
+                let s = script[start..i].trim();
+                if !s.is_empty() {
+                    out.push(s.to_string());
+                }
+                start = i + 1;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    let s = script[start..].trim();
+    if !s.is_empty() {
+        out.push(s.to_string());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn statements_split_outside_quotes_and_bodies() {
+        assert_eq!(
+            super::statements(
+                "CREATE SCHEMA \"a;b\"; SELECT ';' -- x;y\n; CREATE FUNCTION f() RETURNS int AS $$ SELECT 1; $$;
+                 CREATE FUNCTION g() RETURNS int AS $q$ SELECT $$; $q$ LANGUAGE sql"
+            ),
+            [
+                "CREATE SCHEMA \"a;b\"",
+                "SELECT ';' -- x;y",
+                "CREATE FUNCTION f() RETURNS int AS $$ SELECT 1; $$",
+                "CREATE FUNCTION g() RETURNS int AS $q$ SELECT $$; $q$ LANGUAGE sql",
+            ]
+        );
+    }
+}
+
 /// The notices (WARNING, NOTICE, …) a connection received, as "SEVERITY: message".
 #[derive(Debug, Clone, Default)]
 pub struct Notices(Arc<Mutex<Vec<String>>>);

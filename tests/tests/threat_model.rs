@@ -101,7 +101,7 @@ async fn a_foreign_key_cascade_does_not_lift_owner_isolation() {
                  INSERT INTO log (what) VALUES ('cancel: done');
              EXCEPTION WHEN OTHERS THEN INSERT INTO log (what) VALUES ('cancel: ' || SQLSTATE);
              END;
-             INSERT INTO log (what) SELECT 'jobs: ' || string_agg(DISTINCT owner_id, ',') FROM intent.jobs;
+             INSERT INTO log (what) SELECT 'jobs: ' || string_agg(DISTINCT owner_id || '', ',') FROM intent.jobs;
              INSERT INTO log (what) SELECT 'reconcile view: ' || count(*) FROM intent.attempts_to_reconcile
                                      WHERE owner_id <> 'tenant-a';
              INSERT INTO log (what) SELECT 'by state view: ' || coalesce(sum(jobs), 0) FROM intent.jobs_by_state;
@@ -375,16 +375,18 @@ async fn a_replaced_checker_runs_with_its_owners_rights_and_leaves_nothing() {
     let s = scene("tm_checker").await;
     // In intent_app, so that a call of pg_intent from the checker reaches pg_intent's refusal.
     let owner = create_login_role(&s.su, "checker_owner", "IN ROLE intent_app").await;
-    s.su.batch_execute(&format!(
-        "CREATE SCHEMA co AUTHORIZATION \"{owner}\";
+    run_each(
+        &s.su,
+        &format!(
+            "CREATE SCHEMA co AUTHORIZATION \"{owner}\";
          SET ROLE \"{owner}\";
          CREATE TABLE co.loot (what text);
          CREATE FUNCTION co.check(r jsonb) RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT true $$;
          RESET ROLE;
          SELECT intent.define_contract('vetted', '{{\"type\": \"object\"}}', 'co.check(jsonb)');"
-    ))
-    .await
-    .unwrap();
+        ),
+    )
+    .await;
     let c = connect_role(&s.db, &owner).await;
     // Each replacement, and what must come of it.
     let replacements: &[(&str, &str)] = &[
@@ -692,16 +694,14 @@ async fn db_client(db: &Db<'_>, search_path: &str) -> Client {
 async fn an_admin_cannot_lend_itself_a_function_it_may_not_run() {
     let s = scene("tm_admin_lend").await;
     let other = create_login_role(&s.su, "private_owner", "").await;
-    s.su.batch_execute(&format!(
+    run_each(&s.su, &format!(
         "CREATE SCHEMA priv AUTHORIZATION \"{other}\";
          GRANT USAGE ON SCHEMA priv TO PUBLIC;
          SET ROLE \"{other}\";
          CREATE FUNCTION priv.secret(r jsonb) RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT true $$;
          REVOKE EXECUTE ON FUNCTION priv.secret(jsonb) FROM PUBLIC;
          RESET ROLE;"
-    ))
-    .await
-    .unwrap();
+    )).await;
     let admin = create_login_role(&s.su, "admin", "IN ROLE intent_admin").await;
     let c = connect_role(&s.db, &admin).await;
     let e = expect_error(
@@ -988,7 +988,7 @@ async fn a_checker_sees_no_owners_rows() {
          BEGIN
              PERFORM set_config('intent.owner_id', NULL, true);
              SELECT string_agg(x, '|') INTO seen FROM evil.helper() x;
-             seen := seen || '/' || coalesce((SELECT string_agg(owner_id, ',') FROM intent.jobs), '');
+             seen := seen || '/' || coalesce((SELECT string_agg(owner_id || '', ',') FROM intent.jobs), '');
              RAISE EXCEPTION 'LEAK[%]', seen;
          END $$;
          CREATE FUNCTION evil.sets_b(r jsonb) RETURNS boolean LANGUAGE plpgsql STABLE
@@ -1299,7 +1299,7 @@ async fn a_reset_during_executor_start_does_not_reach_the_workers() {
              RETURN 1;
          END $$;
          CREATE FUNCTION evil.who(int) RETURNS text LANGUAGE sql STABLE PARALLEL SAFE AS
-             $$ SELECT coalesce(string_agg(owner_id, ','), '') FROM intent.jobs $$;
+             $$ SELECT coalesce(string_agg(owner_id || '', ','), '') FROM intent.jobs $$;
          CREATE FUNCTION evil.grab() RETURNS SETOF text LANGUAGE plpgsql AS $$
          BEGIN
              PERFORM set_config(name, 'on', true) FROM pg_settings
@@ -1384,7 +1384,7 @@ async fn a_reset_before_a_parallel_index_build_does_not_reach_its_workers() {
          END $$;
          -- What a worker (not the leader) of the build reads, as an error the trigger records.
          CREATE FUNCTION evil.who(int) RETURNS text LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-         DECLARE j text := (SELECT coalesce(string_agg(owner_id, ',' ORDER BY owner_id), '') FROM intent.jobs);
+         DECLARE j text := (SELECT coalesce(string_agg(owner_id || '', ',' ORDER BY owner_id), '') FROM intent.jobs);
          BEGIN
              IF pg_backend_pid() <> current_setting('evil.leader')::int THEN
                  RAISE EXCEPTION 'WORKER[%]', j;
@@ -1481,7 +1481,7 @@ async fn a_session_level_binding_binds_each_transaction() {
                  WHEN 2 THEN PERFORM set_config('intent.owner_id', 'victim', true);
                  ELSE RESET intent.owner_id;
              END CASE;
-             INSERT INTO evil.loot SELECT NEW.x, coalesce(string_agg(owner_id, ','), '') FROM intent.jobs;
+             INSERT INTO evil.loot SELECT NEW.x, coalesce(string_agg(owner_id || '', ','), '') FROM intent.jobs;
              RETURN NEW;
          END $$;
          CREATE TRIGGER t BEFORE INSERT ON evil.inbox FOR EACH ROW EXECUTE FUNCTION evil.rebind();
@@ -1556,8 +1556,10 @@ async fn a_binding_dropped_by_a_parallel_first_load_is_refused() {
     let gateway = create_login_role(&s.su, "gateway", "IN ROLE intent_app").await;
     // A reader of pg_intent's tables that row-level security binds (not a superuser).
     let reader = create_login_role(&s.su, "reader", "IN ROLE intent_operator").await;
-    s.su.batch_execute(&format!(
-        "GRANT SET ON PARAMETER intent.owner_id TO \"{gateway}\";
+    run_each(
+        &s.su,
+        &format!(
+            "GRANT SET ON PARAMETER intent.owner_id TO \"{gateway}\";
          CREATE TABLE public.spread AS SELECT g FROM generate_series(1, 20000) g;
          GRANT SELECT ON public.spread TO PUBLIC;
          CREATE SCHEMA r AUTHORIZATION \"{reader}\";
@@ -1566,9 +1568,9 @@ async fn a_binding_dropped_by_a_parallel_first_load_is_refused() {
          CREATE FUNCTION r.peek_definer() RETURNS bigint LANGUAGE sql STABLE PARALLEL SAFE
              SECURITY DEFINER AS 'SELECT count(*) FROM intent.jobs';
          RESET ROLE;"
-    ))
-    .await
-    .unwrap();
+        ),
+    )
+    .await;
     let parallel = "SET LOCAL parallel_setup_cost = 0; SET LOCAL parallel_tuple_cost = 0;
          SET LOCAL min_parallel_table_scan_size = 0;
          SELECT set_config(name, 'on', true) FROM pg_settings
@@ -1667,8 +1669,10 @@ async fn a_checker_runs_only_while_its_vetting_holds() {
     let vault = create_login_role(&s.su, "vault", "").await;
     let vaultdev = create_login_role(&s.su, "vaultdev", &format!("IN ROLE \"{vault}\"")).await;
     let admin2 = create_login_role(&s.su, "admin2", "IN ROLE intent_admin").await;
-    s.su.batch_execute(&format!(
-        "CREATE SCHEMA v AUTHORIZATION \"{vault}\";
+    run_each(
+        &s.su,
+        &format!(
+            "CREATE SCHEMA v AUTHORIZATION \"{vault}\";
          GRANT USAGE ON SCHEMA v TO PUBLIC;
          SET ROLE \"{vault}\";
          CREATE TABLE v.cards (card text);
@@ -1682,9 +1686,9 @@ async fn a_checker_runs_only_while_its_vetting_holds() {
          CREATE FUNCTION a2.helpful() RETURNS integer LANGUAGE sql SECURITY DEFINER AS
              $$ SELECT intent.define_contract('deputy', '{{}}', 'v.oracle(jsonb)') $$;
          RESET ROLE;"
-    ))
-    .await
-    .unwrap();
+        ),
+    )
+    .await;
     let dev = connect_role(&s.db, &vaultdev).await;
     assert_eq!(
         sqlstate_of(&dev, "SELECT a2.helpful()").await.as_deref(),
