@@ -51,10 +51,12 @@ LIST
 # constraints, shard tables); contracts runs checkers that read distributed tables from a
 # function Citus pushes to a shard, and creates temporary functions Citus warns about;
 # submit_repeatable_read expects 40001 from a REPEATABLE READ snapshot, which Citus does not
-# keep across nodes (a worker's snapshot starts at its first statement). (claims and
-# claim_concurrent run: they name claimed jobs through keys recorded before the claim, not by
-# reading intent.jobs in the claim's statement, which Citus refuses after a call that wrote as
-# intent_owner.)
+# keep across nodes or roles: the caller's read takes its snapshot on the worker over the
+# caller's connection, while submit_job writes as intent_owner over a connection of its own,
+# whose snapshot starts at its first statement — after the other session's commit, so it finds
+# the job (created = false) where a single node raises 40001. (claims and claim_concurrent run:
+# they name claimed jobs through keys recorded before the claim, not by reading intent.jobs in
+# the claim's statement, which Citus refuses after a call that wrote as intent_owner.)
 regress_skip() { # regress_skip TARGET
   case "$1" in
     citus) echo "contracts schema submit_repeatable_read" ;;
