@@ -14,25 +14,34 @@ SELECT pg_sleep(0.01);
 SELECT created FROM intent.submit_job('carol', 'a-2', 'gpu-a', '{"n": 3}', NULL, 1);
 SELECT pg_sleep(0.01);
 SELECT created FROM intent.submit_job('carol', 'a-3', 'gpu-a', '{"n": 4}');
+-- Each job's key, recorded from intent.jobs before any claim, in a statement of its own: the
+-- claims below name their jobs by joining with this table, not with intent.jobs. (A claim
+-- writes as intent_owner; on Citus a statement, or a later one of the same transaction, that
+-- reads a table the call wrote, as another role, is refused: docs/scale-out.md § Where single
+-- node and Citus differ.) A LEFT JOIN, so that a job id the table does not hold would show.
+CREATE TEMP TABLE keys AS SELECT id, idempotency_key FROM intent.jobs;
+SELECT idempotency_key, id = intent.job_id('carol', idempotency_key) AS derived FROM keys ORDER BY idempotency_key;
 
 -- 1. A claim for gpu-a takes the longest-waiting gpu-a job and begins its attempt exactly as
 --    begin_attempt would: attempt 1, the job's version, the lease, the worker; the job running.
 -- (Its attempts are read by the next statements: a statement does not see the rows the
 -- functions it calls write, and a join with an empty intent.attempts may not even call it.)
-SELECT j.idempotency_key, c.attempt_no, c.version, c.provider, c.params, c.contract,
+SELECT k.idempotency_key, c.attempt_no, c.version, c.provider, c.params, c.contract,
        c.attempt_id = intent.attempt_id(c.job_id, 1) AS derived, date_trunc('second', c.deadline - statement_timestamp()) AS lease
   FROM intent.claim_attempts(ARRAY['gpu-a'], 'worker-1', '1 hour') c
-  JOIN intent.jobs j ON j.id = c.job_id;
+  LEFT JOIN keys k ON k.id = c.job_id;
 SELECT idempotency_key, state, attempt_count FROM intent.jobs ORDER BY created_at;
 SELECT no, provider, state, version_read, worker FROM t.attempts(intent.job_id('carol', 'a-1'));
 -- No event: a claim is a begin.
 SELECT count(*) AS events FROM intent.events;
 
 -- 2. max_jobs: up to that many, longest-waiting first; any provider when providers is NULL.
-SELECT j.idempotency_key, c.attempt_no
-  FROM intent.claim_attempts(NULL, 'worker-2', '1 hour', 2) c JOIN intent.jobs j ON j.id = c.job_id;
-SELECT j.idempotency_key FROM intent.claim_attempts(NULL, 'worker-2', '1 hour', 10) c
-  JOIN intent.jobs j ON j.id = c.job_id;
+-- (In the order claim_attempts returns them: WITH ORDINALITY.)
+SELECT k.idempotency_key, c.attempt_no
+  FROM intent.claim_attempts(NULL, 'worker-2', '1 hour', 2) WITH ORDINALITY c
+  LEFT JOIN keys k ON k.id = c.job_id ORDER BY c.ordinality;
+SELECT k.idempotency_key FROM intent.claim_attempts(NULL, 'worker-2', '1 hour', 10) c
+  LEFT JOIN keys k ON k.id = c.job_id;
 -- Nothing left: no rows, no error.
 SELECT count(*) AS claimed FROM intent.claim_attempts(NULL, NULL, '1 hour', 1000);
 
@@ -60,7 +69,7 @@ SELECT state, retry_at FROM intent.jobs WHERE id = intent.job_id('carol', 'a-1')
 -- retry_after zero: claimable at once.
 SELECT intent.fail_attempt(intent.attempt_id(intent.job_id('carol', 'a-1'), 2), 1, '{"status": 429}', true, '0');
 SELECT retry_at <= statement_timestamp() AS due FROM intent.jobs WHERE id = intent.job_id('carol', 'a-1');
-SELECT j.idempotency_key, c.attempt_no FROM intent.claim_attempts(ARRAY['gpu-a']) c JOIN intent.jobs j ON j.id = c.job_id;
+SELECT k.idempotency_key, c.attempt_no FROM intent.claim_attempts(ARRAY['gpu-a']) c LEFT JOIN keys k ON k.id = c.job_id;
 
 -- 5. Bad retry_after, all 22023, nothing written.
 SELECT * FROM t.snapshot();
@@ -77,6 +86,7 @@ SELECT state, version FROM intent.jobs WHERE id = intent.job_id('carol', 'a-1');
 SET intent.retry_backoff = '10 seconds';
 SET intent.retry_backoff_max = '25 seconds';
 SELECT created FROM intent.submit_job('carol', 'backoff', 'gpu-c', '{}', NULL, 5);
+INSERT INTO keys SELECT id, idempotency_key FROM intent.jobs WHERE id = intent.job_id('carol', 'backoff');
 SELECT attempt_no FROM intent.begin_attempt(intent.job_id('carol', 'backoff'), NULL, '1 hour');
 SELECT intent.fail_attempt(intent.attempt_id(intent.job_id('carol', 'backoff'), 1), 1, '{}');
 SELECT retry_at - updated_at AS delay FROM intent.jobs WHERE id = intent.job_id('carol', 'backoff');
@@ -105,7 +115,7 @@ RESET intent.retry_backoff_max;
 -- 7. An abandon makes the job claimable at once.
 SELECT intent.abandon_attempt(intent.attempt_id(intent.job_id('carol', 'backoff'), 4), 'worker lost');
 SELECT state, retry_at FROM intent.jobs WHERE id = intent.job_id('carol', 'backoff');
-SELECT j.idempotency_key, c.attempt_no FROM intent.claim_attempts(ARRAY['gpu-c']) c JOIN intent.jobs j ON j.id = c.job_id;
+SELECT k.idempotency_key, c.attempt_no FROM intent.claim_attempts(ARRAY['gpu-c']) c LEFT JOIN keys k ON k.id = c.job_id;
 
 -- 8. A job with no attempt left is never claimed, even pending (after an abandon).
 SELECT intent.abandon_attempt(intent.attempt_id(intent.job_id('carol', 'a-2'), 1), 'worker lost');
