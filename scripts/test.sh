@@ -150,6 +150,16 @@ start_cluster
 bash "$ROOT/scripts/regress.sh"
 stop_cluster
 
+# Every per-backend state attacked in parallel workers: the isolation specs again with each
+# query run by a parallel worker and not the leader, in both storage modes' statements.
+forced="force_parallel_mode"
+[ "$PG_MAJOR" -ge 16 ] && forced="debug_parallel_query"
+for statements in off on; do
+  log "the isolation specs with every query in a parallel worker ($forced = on, parallel_leader_participation = off; distributed statements $statements)"
+  CLUSTER_OPTS="-c $forced=on -c parallel_leader_participation=off -c intent.force_distributed_statements=$statements" \
+    env -u PGHOST bash "$ROOT/scripts/regress.sh" isolation
+done
+
 log "the memory-checking pass (valgrind memcheck on the server)"
 bash "$ROOT/scripts/valgrind.sh"
 

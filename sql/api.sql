@@ -1,4 +1,4 @@
--- pg_intent: the SQL API of SPEC § Functions.
+-- pg_intent: the SQL API (docs/reference.md § 1 Functions; the rules: docs/protocol.md).
 --
 -- Every function here is a C function written in Rust (extension/src/entry.rs). Each returns
 -- its answer or raises a refusal with its exact SQLSTATE, DETAIL and HINT, so clients in any

@@ -33,7 +33,7 @@ CREATE TABLE intent.attempts (
         CHECK (result IS NULL OR state = 'succeeded' OR state = 'discarded' OR state = 'failed')
 );
 
--- The gate (SPEC rule 2): at most one open attempt per job.
+-- The gate (docs/protocol.md § The state machine): at most one open attempt per job.
 CREATE UNIQUE INDEX attempts_one_open_per_job ON intent.attempts (job_id)
     WHERE state IN ('started', 'unknown');
 -- For intent.sweep(): only started attempts can run out of lease.

@@ -1,4 +1,4 @@
--- pg_intent: contracts and certifications (SPEC § Contracts and failover).
+-- pg_intent: contracts and certifications (docs/protocol.md § Contracts and failover).
 --
 -- Providers are not interchangeable because they share an HTTP client and a JSON schema. A
 -- contract says what a job's result must satisfy; a certification is recorded evidence that a

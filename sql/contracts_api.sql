@@ -1,4 +1,4 @@
--- pg_intent: the SQL API of SPEC § Contracts and failover.
+-- pg_intent: the SQL API of contracts (docs/reference.md § 1.3; docs/protocol.md § Contracts and failover).
 --
 -- Same pattern as api.sql: C functions written in Rust, SECURITY DEFINER, search path pinned
 -- inside each call, refusals raised with their exact SQLSTATE. Defining contracts and certifying

@@ -30,7 +30,7 @@ COMMENT ON TYPE intent.attempt_state IS
 -- UPDATE statement, but compiles a domain's constraints once per session. Profiling showed the
 -- former at a third of the cost of submit_job.
 
--- COLLATE "C": keys are compared byte for byte (SPEC § Names), and the unique index on
+-- COLLATE "C": keys are compared byte for byte (docs/reference.md § 4 Domains), and the unique index on
 -- (owner_id, idempotency_key) then orders by bytes too, which is also the cheapest comparison.
 CREATE DOMAIN intent.short_name AS text COLLATE "C"
     CONSTRAINT short_name_length CHECK (char_length(VALUE) BETWEEN 1 AND 255);
