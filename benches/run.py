@@ -22,6 +22,10 @@ Usage: python3 benches/run.py [--quick] [--seconds N] [--clients N] [--markdown 
            a claim by a session bound to one owner whose queue is empty, with 400,000 pending
            jobs of other owners ÷ with none (its cost must not follow other owners' queues),
            and submit throughput with the index jobs_claimable_by_owner ÷ without it
+       python3 benches/run.py --held-snapshot [--quick] [--rounds N] [--markdown FILE]
+           a claim of 20 while another session holds a snapshot from before 100,000 jobs were
+           claimed ÷ the same claim on the same table vacuumed (issue 30: its cost must not grow
+           with the row versions an old snapshot keeps alive), with the buffers it reads
        python3 benches/run.py --majors "15:BIN 16:BIN ..." [--markdown FILE]
            the submit and lifecycle pairs on each major, one after the other in one run, each
            against its baselines on the same server, and each major's throughput against the
@@ -29,6 +33,7 @@ Usage: python3 benches/run.py [--quick] [--seconds N] [--clients N] [--markdown 
 """
 
 import argparse
+import json
 import os
 import shutil
 import socket
@@ -185,11 +190,14 @@ def main():
     ap.add_argument("--ab", type=Path, default=None, help="OLD_LIB: this build's calls against another build's")
     ap.add_argument("--workers", action="store_true", help="the worker benchmarks: claims, NOTIFY, pickup")
     ap.add_argument("--bound-claim", action="store_true", help="a bound claim against other owners' queues")
+    ap.add_argument("--held-snapshot", action="store_true", help="a claim behind jobs claimed under a held snapshot")
     args = ap.parse_args()
     if args.workers:
         return workers(args)
     if args.bound_claim:
         return bound_claim(args)
+    if args.held_snapshot:
+        return held_snapshot(args)
     if args.majors:
         return majors(args)
     if args.ab:
@@ -722,6 +730,109 @@ def bound_claim(args):
         if args.markdown:
             args.markdown.write_text("\n".join(md) + "\n")
     finally:
+        cluster.stop()
+
+
+def claim_buffers(cluster):
+    """The shared buffers one claim of 20 touches (hit + read): EXPLAIN (ANALYZE, BUFFERS) of a
+    query that calls it counts what the function's own statements read too."""
+    claim = "SELECT count(*) FROM intent.claim_attempts(ARRAY['gpu-a'], 'bench', '30 seconds', 20)"
+    # The first claim of the session plans the library's statements (catalog reads): the
+    # second is the one counted.
+    plan = cluster.psql(f"BEGIN; {claim}; ROLLBACK; BEGIN; EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {claim}; ROLLBACK")
+    top = json.loads(plan[plan.index("["):])[0]
+    p = top["Plan"]
+    return p.get("Shared Hit Blocks", 0) + p.get("Shared Read Blocks", 0)
+
+
+def held_snapshot(args):
+    """A claim of 20 (rolled back, so every run claims the same jobs) with 1,000 claimable jobs,
+    behind 100,000 jobs claimed since another session took its snapshot ÷ the same claim after
+    the holder ends and VACUUM removes what it kept. The holder is a REPEATABLE READ transaction
+    that has read something and stays open: what pg_dump, a long report or an idle client in a
+    transaction do. Printed: latency p50/p99/mean and the buffers one claim touches."""
+    quick = args.quick
+    rounds = args.rounds or (2 if quick else 3)
+    claimed = 20_000 if quick else 100_000
+    waiting = 1_000
+    per_side = 300 if quick else 1000
+    md = []
+
+    def out(line="", markdown=None):
+        print(line, flush=True)
+        if markdown is not None:
+            md.append(markdown)
+
+    cluster = Cluster(SETTINGS)
+    holder = None
+    try:
+        cluster.psql("CREATE DATABASE bench", db="postgres")
+        cluster.psql("CREATE EXTENSION pg_intent")
+        out(f"pg_intent held-snapshot claim benchmark: a claim of 20 (rolled back) with {waiting:,} claimable jobs, "
+            f"behind {claimed:,} jobs claimed under a held snapshot ÷ vacuumed, {per_side} claims a side, "
+            f"{rounds} rounds, pgbench -M prepared, {os.cpu_count()} CPUs")
+
+        def measure():
+            _, lat, failed = pgbench(cluster, "claim_20_rollback.sql", 1, transactions=per_side)
+            if failed:
+                sys.exit(f"claim_20_rollback.sql: {failed} failed transactions")
+            return lat, claim_buffers(cluster)
+
+        def claim_all(n):
+            # Claims n jobs in batches (begins their attempts: they leave the claimable index).
+            left = n
+            while left > 0:
+                got = int(cluster.psql(f"SELECT count(*) FROM intent.claim_attempts(ARRAY['gpu-a'], 'loader', "
+                                       f"'1 hour', {min(left, 1000)})"))
+                if got == 0:
+                    sys.exit("claim_all: nothing left to claim")
+                left -= got
+
+        clean, held, clean_buf, held_buf = [], [], [], []
+        for r in range(rounds):
+            cluster.psql("TRUNCATE intent.jobs CASCADE; TRUNCATE intent.events")
+            # The clean side: the claimed jobs' old versions vacuumed away.
+            load_pending(cluster, claimed, f"c{r}")
+            claim_all(claimed)
+            load_pending(cluster, waiting, f"w{r}")
+            cluster.psql("VACUUM ANALYZE intent.jobs, intent.attempts")
+            lat, buf = measure()
+            clean += lat
+            clean_buf.append(buf)
+            # The held side: the same, with a snapshot held from before the claims.
+            cluster.psql("TRUNCATE intent.jobs CASCADE; TRUNCATE intent.events")
+            cluster.psql("VACUUM ANALYZE intent.jobs, intent.attempts")
+            holder = subprocess.Popen([str(cluster.bin / "psql"), "-X", "-q", "-d", "bench"], stdin=subprocess.PIPE,
+                                      env=cluster.env, text=True, stdout=subprocess.DEVNULL)
+            holder.stdin.write("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM intent.jobs;\n")
+            holder.stdin.flush()
+            time.sleep(1)
+            load_pending(cluster, claimed, f"h{r}")
+            claim_all(claimed)
+            load_pending(cluster, waiting, f"v{r}")
+            cluster.psql("VACUUM ANALYZE intent.jobs, intent.attempts")
+            lat, buf = measure()
+            held += lat
+            held_buf.append(buf)
+            holder.stdin.write("ROLLBACK;\n\\q\n")
+            holder.stdin.close()
+            holder.wait(timeout=60)
+            holder = None
+        mean = lambda v: sum(v) / len(v)
+        r50, r99, rmean = pct(held, 50) / pct(clean, 50), pct(held, 99) / pct(clean, 99), mean(held) / mean(clean)
+        ok = "OK" if rmean <= 1.5 else "MISSED"
+        text = (f"claim of 20 behind {claimed:,} jobs claimed under a held snapshot ÷ vacuumed ({rounds} rounds): "
+                f"p50 {pct(held, 50):.3f} ÷ {pct(clean, 50):.3f} ms = {r50:.2f}, p99 {pct(held, 99):.3f} ÷ "
+                f"{pct(clean, 99):.3f} ms = {r99:.2f}, mean {mean(held):.3f} ÷ {mean(clean):.3f} ms = {rmean:.2f} "
+                f"(target <= 1.5) {ok}; buffers per claim {mean(held_buf):.0f} ÷ {mean(clean_buf):.0f}")
+        out("  " + text, "- " + text[0].upper() + text[1:] + ".")
+        md.append("")
+        md.append(f"{os.cpu_count()} CPUs, synchronous_commit on, pgbench -M prepared.")
+        if args.markdown:
+            args.markdown.write_text("\n".join(md) + "\n")
+    finally:
+        if holder is not None:
+            holder.kill()
         cluster.stop()
 
 
