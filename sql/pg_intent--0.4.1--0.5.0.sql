@@ -1,15 +1,15 @@
 -- pg_intent 0.4.1 → 0.5.0. No table changes shape; rows are kept.
 --
 -- Run by ALTER EXTENSION pg_intent UPDATE. The changes:
---   * the drop guard (intent._guard_checker_drop) returns at once on a Citus worker: a DROP
---     there is the coordinator's, propagated, and the coordinator's guard has decided it; its
---     read of the reference table intent.contracts was a distributed query nested in a shard
---     command, which Citus refuses, so on a distributed installation the DROP of any function
---     of one jsonb in a schema Citus propagates failed, for every role.
+--   * the drop guard (intent._guard_checker_drop) reads, on a Citus worker, that node's copy
+--     of the reference table intent.contracts (its one shard): its read of intent.contracts
+--     there was a distributed query nested in the coordinator's propagated command, which
+--     Citus refuses, so on a distributed installation the DROP of any function of one jsonb in
+--     a schema Citus propagates failed, for every role.
 
 \echo Use "ALTER EXTENSION pg_intent UPDATE TO '0.5.0'" to load this file. \quit
 
--- The drop guard: nothing to decide on a Citus worker.
+-- The drop guard: on a Citus worker, that node's copy of intent.contracts.
 CREATE OR REPLACE FUNCTION intent._guard_checker_drop()
 RETURNS event_trigger
 LANGUAGE plpgsql
@@ -18,6 +18,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     c record;
+    contracts text := 'intent.contracts';
 BEGIN
     -- Only a dropped function taking one jsonb can be a checker. Anything else (a table, an
     -- index, a temp object, and on a Citus worker the shard DDL, where reading the reference
@@ -38,16 +39,6 @@ BEGIN
     IF pg_catalog.to_regclass('intent.contracts') IS NULL THEN
         RETURN;
     END IF;
-    -- On a Citus worker (a node whose group is not the coordinator's, 0), a DROP is the
-    -- coordinator's, propagated, and the coordinator's own guard has decided it; reading the
-    -- reference table intent.contracts here would be a distributed query nested in a shard
-    -- command, which Citus refuses, failing the DROP of every function of one jsonb in a
-    -- schema Citus propagates, for every role (0.5.0). Checkers run on the coordinator.
-    IF pg_catalog.to_regclass('pg_catalog.pg_dist_local_group') IS NOT NULL THEN
-        IF EXISTS (SELECT FROM pg_catalog.pg_dist_local_group g WHERE g.groupid OPERATOR(pg_catalog.<>) 0) THEN
-            RETURN;
-        END IF;
-    END IF;
     -- A session that says so (pg_restore --clean drops every function before the extension,
     -- and creates it again at once; docs/operations.md § Backups) may drop a checker. Before
     -- the library is loaded the setting is a placeholder, its text as given.
@@ -56,18 +47,38 @@ BEGIN
     END IF;
     -- Distributed, the read below may go to a worker over a connection of intent_owner's.
     PERFORM intent._before_distributed_read();
+    -- On a Citus worker (a node whose group is not the coordinator's, 0) intent.contracts is a
+    -- reference table, and reading it is a distributed query, which Citus refuses inside the
+    -- commands the coordinator propagates: every DROP there of a function of one jsonb failed,
+    -- for every role (0.4.x). Its copy on this node (the reference table's one shard) is read
+    -- instead (0.5.0), so that a DROP run on a worker itself is guarded too.
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_local_group') IS NOT NULL THEN
+        IF EXISTS (SELECT FROM pg_catalog.pg_dist_local_group g WHERE g.groupid OPERATOR(pg_catalog.<>) 0) THEN
+            SELECT pg_catalog.format('intent.%I', 'contracts_' OPERATOR(pg_catalog.||) s.shardid) INTO contracts
+              FROM pg_catalog.pg_dist_shard s
+             WHERE s.logicalrelid OPERATOR(pg_catalog.=) 'intent.contracts'::pg_catalog.regclass;
+            -- Not distributed here: the table itself, as on one node.
+            contracts := coalesce(contracts, 'intent.contracts');
+            IF pg_catalog.to_regclass(contracts) IS NULL THEN
+                RAISE EXCEPTION USING ERRCODE = '55000',
+                    MESSAGE = pg_catalog.format('cannot check whether a contract uses the dropped function: %s is not on this node', contracts),
+                    HINT = 'Drop it on the coordinator.';
+            END IF;
+        END IF;
+    END IF;
     -- Matched by schema and name (address_names: unquoted, whatever quote_all_identifiers says)
     -- and the one jsonb argument every checker takes, never by the quoted identity text.
-    SELECT k.name, d.object_identity INTO c
+    EXECUTE pg_catalog.format($q$
+    SELECT k.name, d.object_identity
       FROM pg_catalog.pg_event_trigger_dropped_objects() d
-      JOIN intent.contracts k
+      JOIN %s k
         ON (pg_catalog.parse_ident(k.checker, false))[1] OPERATOR(pg_catalog.=) d.address_names[1]
        AND (pg_catalog.parse_ident(k.checker, false))[2] OPERATOR(pg_catalog.=) d.address_names[2]
      WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
        AND pg_catalog.cardinality(d.address_args) OPERATOR(pg_catalog.=) 1
        AND d.address_args[1] OPERATOR(pg_catalog.=) ANY (ARRAY['pg_catalog.jsonb', '"pg_catalog"."jsonb"'])
-     LIMIT 1;
-    IF FOUND THEN
+     LIMIT 1$q$, contracts) INTO c;
+    IF c.name IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = '2BP01',
             MESSAGE = pg_catalog.format('cannot drop function %s: contract %L uses it as its checker', c.object_identity, c.name),
             HINT = 'Redefine the contract with another checker, or none, with intent.define_contract() first; to drop it anyway (a pg_restore --clean, which creates it again), SET intent.allow_checker_drop = on.';

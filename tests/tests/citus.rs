@@ -1866,3 +1866,74 @@ async fn a_distributed_installation_upgrades_with_a_job_in_flight() {
             });
     }
 }
+
+/// The drop guard on every node (docs/scale-out.md § The event trigger): a role that knows
+/// nothing of pg_intent drops its own function of one `jsonb` through the coordinator (Citus
+/// runs the DROP on the workers too, where the guard reads its node's copy of the contracts),
+/// and a checker's owner cannot drop the checker on any node — through the coordinator, or on a
+/// worker directly with Citus's propagation off, which calls made on that worker would use.
+#[tokio::test]
+async fn the_drop_guard_holds_on_every_node() {
+    let n = citus_or_skip!();
+    let db = distributed_db(n, "citus_drop_guard").await;
+    let c = db.connect().await;
+    let nobody = create_login_role(&c, "nobody", "").await;
+    let owner = create_login_role(&c, "checker_owner", "IN ROLE intent_admin").await;
+    c.batch_execute(&format!(
+        "CREATE SCHEMA nb AUTHORIZATION \"{nobody}\"; CREATE SCHEMA ck AUTHORIZATION \"{owner}\""
+    ))
+    .await
+    .unwrap();
+    connect_role(&db, &nobody)
+        .await
+        .batch_execute(
+            "CREATE FUNCTION nb.h(r jsonb) RETURNS boolean LANGUAGE sql AS 'SELECT true';
+             DROP FUNCTION nb.h(jsonb)",
+        )
+        .await
+        .unwrap_or_else(|e| panic!("DROP by a plain role: {:?}", SqlError::from_error(&e)));
+    let o = connect_role(&db, &owner).await;
+    o.batch_execute(
+        "CREATE FUNCTION ck.chk(r jsonb) RETURNS boolean LANGUAGE sql STABLE
+             SET search_path = pg_catalog, pg_temp AS $$ SELECT (r->>'ok')::boolean $$;
+         SELECT intent.define_contract('guarded', '{\"type\": \"object\"}', 'ck.chk(jsonb)')",
+    )
+    .await
+    .unwrap();
+    let refused = |e: tokio_postgres::Error| SqlError::from_error(&e).code;
+    assert_eq!(
+        o.batch_execute("DROP FUNCTION ck.chk(jsonb)")
+            .await
+            .map_err(refused)
+            .err()
+            .as_deref(),
+        Some("2BP01"),
+        "through the coordinator"
+    );
+    for w in &n.workers {
+        let on_worker = Db {
+            cluster: w,
+            name: db.name.clone(),
+        };
+        let wc = connect_role(&on_worker, &owner).await;
+        assert_eq!(
+            wc.batch_execute("SET citus.enable_ddl_propagation = off; DROP FUNCTION ck.chk(jsonb)")
+                .await
+                .map_err(refused)
+                .err()
+                .as_deref(),
+            Some("2BP01"),
+            "on worker {} directly",
+            w.port()
+        );
+        let valid: bool = wc
+            .query_one(
+                "SELECT valid FROM intent.validate_result('guarded', '{\"ok\": true}')",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(valid, "the checker still runs on worker {}", w.port());
+    }
+}

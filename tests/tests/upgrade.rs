@@ -298,3 +298,41 @@ async fn every_release_upgrades_to_exactly_a_fresh_install_with_every_row_intact
         );
     }
 }
+
+/// The one-step script from 0.4.0 skips its index only where the index of `intent.jobs` is
+/// already there (a Citus worker): any other relation of that name makes the update fail, as the
+/// two-step path does, rather than leave bound claims without their index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_one_step_update_from_0_4_0_is_not_fooled_by_a_relation_of_its_index_name() {
+    let cluster = Cluster::shared();
+    let name = format!("upgrade_planted_{}", std::process::id());
+    cluster
+        .connect("postgres")
+        .await
+        .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+        .await
+        .unwrap();
+    let c = cluster.connect(&name).await;
+    c.batch_execute(
+        "CREATE EXTENSION pg_intent VERSION '0.4.0';
+         SET ROLE intent_owner;
+         CREATE INDEX jobs_claimable_by_owner ON intent.contracts (name);
+         RESET ROLE;",
+    )
+    .await
+    .unwrap();
+    let e = c
+        .batch_execute("ALTER EXTENSION pg_intent UPDATE")
+        .await
+        .expect_err("the update must fail");
+    assert_eq!(SqlError::from_error(&e).code, "42P07", "{e:?}");
+    let version: String = c
+        .query_one(
+            "SELECT extversion FROM pg_extension WHERE extname = 'pg_intent'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, "0.4.0", "nothing changed");
+}
