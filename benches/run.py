@@ -23,8 +23,8 @@ Usage: python3 benches/run.py [--quick] [--seconds N] [--clients N] [--markdown 
            jobs of other owners ÷ with none (its cost must not follow other owners' queues),
            and submit throughput with the index jobs_claimable_by_owner ÷ without it
        python3 benches/run.py --held-snapshot [--quick] [--rounds N] [--markdown FILE]
-           a claim of 20 while another session holds a snapshot from before 100,000 jobs were
-           claimed ÷ the same claim on the same table vacuumed (issue 30: its cost must not grow
+           claims of 20 while another session holds a snapshot from before 100,000 jobs were
+           claimed ÷ the same claims on the same table vacuumed (issue 30: its cost must not grow
            with the row versions an old snapshot keeps alive), with the buffers it reads
        python3 benches/run.py --majors "15:BIN 16:BIN ..." [--markdown FILE]
            the submit and lifecycle pairs on each major, one after the other in one run, each
@@ -733,29 +733,37 @@ def bound_claim(args):
         cluster.stop()
 
 
-def claim_buffers(cluster):
+def claim_buffers(cluster, setup=""):
     """The shared buffers one claim of 20 touches (hit + read): EXPLAIN (ANALYZE, BUFFERS) of a
     query that calls it counts what the function's own statements read too."""
     claim = "SELECT count(*) FROM intent.claim_attempts(ARRAY['gpu-a'], 'bench', '30 seconds', 20)"
-    # The first claim of the session plans the library's statements (catalog reads): the
-    # second is the one counted.
-    plan = cluster.psql(f"BEGIN; {claim}; ROLLBACK; BEGIN; EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {claim}; ROLLBACK")
+    # The first claims of the session plan the library's statements (catalog reads) and, as a
+    # worker's claims do, commit: the third, rolled back, is the one counted.
+    # Each -c its own transaction (one -c with several statements would be one transaction).
+    cmd = [str(cluster.bin / "psql"), "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-d", "bench"]
+    for sql in (f"{setup}{claim}", f"{setup}{claim}",
+                f"{setup}BEGIN; EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {claim}; ROLLBACK"):
+        cmd += ["-c", sql]
+    plan = subprocess.run(cmd, env=cluster.env, check=True, capture_output=True, text=True).stdout
     top = json.loads(plan[plan.index("["):])[0]
     p = top["Plan"]
     return p.get("Shared Hit Blocks", 0) + p.get("Shared Read Blocks", 0)
 
 
 def held_snapshot(args):
-    """A claim of 20 (rolled back, so every run claims the same jobs) with 1,000 claimable jobs,
-    behind 100,000 jobs claimed since another session took its snapshot ÷ the same claim after
-    the holder ends and VACUUM removes what it kept. The holder is a REPEATABLE READ transaction
-    that has read something and stays open: what pg_dump, a long report or an idle client in a
-    transaction do. Printed: latency p50/p99/mean and the buffers one claim touches."""
+    """Claims of 20, each committed as a worker's are, by one session, behind 100,000 jobs
+    claimed since another session took its snapshot ÷ the same claims on the same table after
+    the holder ended and VACUUM removed what it kept; and, on the held table, the same claims
+    with intent.claim_rescan = 0 (every claim reads the whole queue, as before 0.5.0) ÷ vacuumed.
+    The holder is a REPEATABLE READ transaction that has read something and stays open: what
+    pg_dump, a long report or an idle client in a transaction do. Printed: latency p50/p99/mean
+    and the shared buffers one claim touches."""
     quick = args.quick
     rounds = args.rounds or (2 if quick else 3)
     claimed = 20_000 if quick else 100_000
-    waiting = 1_000
     per_side = 300 if quick else 1000
+    waiting = 2 * (per_side * 20 + 100) + 1_000
+    whole = "-c intent.claim_rescan=0"
     md = []
 
     def out(line="", markdown=None):
@@ -768,15 +776,16 @@ def held_snapshot(args):
     try:
         cluster.psql("CREATE DATABASE bench", db="postgres")
         cluster.psql("CREATE EXTENSION pg_intent")
-        out(f"pg_intent held-snapshot claim benchmark: a claim of 20 (rolled back) with {waiting:,} claimable jobs, "
-            f"behind {claimed:,} jobs claimed under a held snapshot ÷ vacuumed, {per_side} claims a side, "
-            f"{rounds} rounds, pgbench -M prepared, {os.cpu_count()} CPUs")
+        out(f"pg_intent held-snapshot claim benchmark: claims of 20 (committed, one session) from {waiting:,} "
+            f"claimable jobs, behind {claimed:,} jobs claimed under a held snapshot ÷ vacuumed, {per_side} claims a "
+            f"side, {rounds} rounds, pgbench -M prepared, {os.cpu_count()} CPUs")
 
-        def measure():
-            _, lat, failed = pgbench(cluster, "claim_20_rollback.sql", 1, transactions=per_side)
+        def measure(options=""):
+            _, lat, failed = pgbench(cluster, "claim_20.sql", 1, transactions=per_side, options=options)
             if failed:
-                sys.exit(f"claim_20_rollback.sql: {failed} failed transactions")
-            return lat, claim_buffers(cluster)
+                sys.exit(f"claim_20.sql: {failed} failed transactions")
+            setup = "SET intent.claim_rescan = 0; " if options else ""
+            return lat, claim_buffers(cluster, setup)
 
         def claim_all(n):
             # Claims n jobs in batches (begins their attempts: they leave the claimable index).
@@ -788,7 +797,12 @@ def held_snapshot(args):
                     sys.exit("claim_all: nothing left to claim")
                 left -= got
 
-        clean, held, clean_buf, held_buf = [], [], [], []
+        sides = {k: ([], []) for k in ("clean", "held", "held_whole")}
+
+        def keep(side, measured):
+            sides[side][0].extend(measured[0])
+            sides[side][1].append(measured[1])
+
         for r in range(rounds):
             cluster.psql("TRUNCATE intent.jobs CASCADE; TRUNCATE intent.events")
             # The clean side: the claimed jobs' old versions vacuumed away.
@@ -796,10 +810,9 @@ def held_snapshot(args):
             claim_all(claimed)
             load_pending(cluster, waiting, f"w{r}")
             cluster.psql("VACUUM ANALYZE intent.jobs, intent.attempts")
-            lat, buf = measure()
-            clean += lat
-            clean_buf.append(buf)
-            # The held side: the same, with a snapshot held from before the claims.
+            keep("clean", measure())
+            # The held side: the same, with a snapshot held from before the claims; then the same
+            # claims reading the whole queue each time (behind 20,000 more claimed jobs).
             cluster.psql("TRUNCATE intent.jobs CASCADE; TRUNCATE intent.events")
             cluster.psql("VACUUM ANALYZE intent.jobs, intent.attempts")
             holder = subprocess.Popen([str(cluster.bin / "psql"), "-X", "-q", "-d", "bench"], stdin=subprocess.PIPE,
@@ -811,21 +824,25 @@ def held_snapshot(args):
             claim_all(claimed)
             load_pending(cluster, waiting, f"v{r}")
             cluster.psql("VACUUM ANALYZE intent.jobs, intent.attempts")
-            lat, buf = measure()
-            held += lat
-            held_buf.append(buf)
+            keep("held", measure())
+            keep("held_whole", measure(whole))
             holder.stdin.write("ROLLBACK;\n\\q\n")
             holder.stdin.close()
             holder.wait(timeout=60)
             holder = None
         mean = lambda v: sum(v) / len(v)
-        r50, r99, rmean = pct(held, 50) / pct(clean, 50), pct(held, 99) / pct(clean, 99), mean(held) / mean(clean)
-        ok = "OK" if rmean <= 1.5 else "MISSED"
-        text = (f"claim of 20 behind {claimed:,} jobs claimed under a held snapshot ÷ vacuumed ({rounds} rounds): "
-                f"p50 {pct(held, 50):.3f} ÷ {pct(clean, 50):.3f} ms = {r50:.2f}, p99 {pct(held, 99):.3f} ÷ "
-                f"{pct(clean, 99):.3f} ms = {r99:.2f}, mean {mean(held):.3f} ÷ {mean(clean):.3f} ms = {rmean:.2f} "
-                f"(target <= 1.5) {ok}; buffers per claim {mean(held_buf):.0f} ÷ {mean(clean_buf):.0f}")
-        out("  " + text, "- " + text[0].upper() + text[1:] + ".")
+        clean, clean_buf = sides["clean"]
+        for side, label in (("held", "from where the last claim started (0.5.0)"),
+                            ("held_whole", "reading the whole queue (claim_rescan = 0, as before 0.5.0)")):
+            lat, buf = sides[side]
+            r50, r99, rmean = pct(lat, 50) / pct(clean, 50), pct(lat, 99) / pct(clean, 99), mean(lat) / mean(clean)
+            verdict = (" (target <= 1.5) " + ("OK" if rmean <= 1.5 else "MISSED")) if side == "held" else ""
+            text = (f"claims of 20 {label}, behind {claimed:,} jobs claimed under a held snapshot ÷ vacuumed "
+                    f"({rounds} rounds): p50 {pct(lat, 50):.3f} ÷ {pct(clean, 50):.3f} ms = {r50:.2f}, p99 "
+                    f"{pct(lat, 99):.3f} ÷ {pct(clean, 99):.3f} ms = {r99:.2f}, mean {mean(lat):.3f} ÷ "
+                    f"{mean(clean):.3f} ms = {rmean:.2f}{verdict}; buffers per claim {mean(buf):.0f} ÷ "
+                    f"{mean(clean_buf):.0f}")
+            out("  " + text, "- " + text[0].upper() + text[1:] + ".")
         md.append("")
         md.append(f"{os.cpu_count()} CPUs, synchronous_commit on, pgbench -M prepared.")
         if args.markdown:

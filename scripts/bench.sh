@@ -6,6 +6,7 @@
 #        bash scripts/bench.sh --majors [--seconds N] [--markdown FILE]   every major of pgrx.toml
 #        bash scripts/bench.sh --workers [--quick] [--markdown FILE]   claims, NOTIFY, pickup (benches/run.py)
 #        bash scripts/bench.sh --bound-claim [--quick] [--markdown FILE]   bound claims against other owners' queues
+#        bash scripts/bench.sh --held-snapshot [--quick] [--markdown FILE]   claims behind jobs claimed under a held snapshot
 #        bash scripts/bench.sh --peers [--quick]   against graphile-worker, pg-boss and procrastinate,
 #                                                  installed at pinned versions (benches/peers/run.py;
 #                                                  writes docs/comparison.md unless --quick)

@@ -7,6 +7,7 @@
 //! concurrent claimers take disjoint jobs. It scans the partial index `jobs_claimable`, whose
 //! size is the queue's, whatever the number of finished jobs.
 
+use crate::claim_start;
 use crate::entry::{arg, one_row_each};
 use crate::input;
 use crate::refusal::{Answer, Refusal};
@@ -161,11 +162,22 @@ fn claim(
                 .detail(format!("max_jobs is {max_jobs}.")),
         );
     }
+    let queue = claim_start::Queue {
+        providers: providers.clone(),
+        owner: crate::owner::bound_owner(),
+    };
     let ask = ClaimAsk {
         providers,
         worker: worker.map(str::to_string),
         lease,
         max_jobs,
+        start: claim_start::start(&queue),
     };
-    Ok(Spi::connect_mut(|client| store::get().claim(client, &ask)))
+    let claimed = Spi::connect_mut(|client| store::get().claim(client, &ask));
+    let newest = claimed
+        .iter()
+        .map(|c| c.since)
+        .max_by_key(|t| t.into_inner());
+    claim_start::claimed(&queue, ask.start, newest);
+    Ok(claimed)
 }

@@ -30,6 +30,7 @@ pub extern "C-unwind" fn _PG_init() {
     contract::register();
     purge::register();
     claim::register();
+    claim_start::register();
     dist::register();
     citus_guard::register();
 }
@@ -39,6 +40,7 @@ mod begin;
 mod checker;
 mod citus_guard;
 mod claim;
+mod claim_start;
 mod clock;
 mod contract;
 mod decisions;

@@ -164,6 +164,9 @@ pub struct ClaimAsk {
     pub worker: Option<String>,
     pub lease: Interval,
     pub max_jobs: i32,
+    /// Where the queue is read from (crate::claim_start): jobs claimable since before it are
+    /// not looked at. None: the whole queue.
+    pub start: Option<TimestampWithTimeZone>,
 }
 
 /// One claimed attempt, copied out of SPI's memory.
@@ -176,6 +179,8 @@ pub struct Claimed {
     pub provider: String,
     pub params: Jsonb,
     pub contract: Option<String>,
+    /// Since when it was claimable (`coalesce(retry_at, updated_at)` before the claim).
+    pub since: TimestampWithTimeZone,
 }
 
 /// The job an attempt id names (its last two bytes zeroed); the attempt id itself when it

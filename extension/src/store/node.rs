@@ -166,7 +166,7 @@ static COMPLETE: Statement = Statement {
 /// would (its version, its worker, its lease); `j` marks them running and clears their retry
 /// time. `$5` is the call's instant (crate::clock): what is due, and when the leases start.
 macro_rules! claim_sql {
-    ($owner:literal, $order:literal) => {
+    ($owner:literal, $order:literal, $start:literal) => {
         concat!(
             "WITH c AS (
               SELECT j.id, j.owner_id, j.attempt_count + 1 AS attempt_no, j.version, j.provider, j.params, j.contract,
@@ -176,6 +176,9 @@ macro_rules! claim_sql {
             $owner,
             "
                  AND coalesce(j.retry_at, j.updated_at) <= $5
+                 AND coalesce(j.retry_at, j.updated_at) >= ",
+            $start,
+            "
                  AND ($1::text[] IS NULL OR j.provider = ANY ($1::text[]))
                ORDER BY ",
             $order,
@@ -193,7 +196,8 @@ macro_rules! claim_sql {
               UPDATE intent.jobs SET state = 'running', attempt_count = c.attempt_no, retry_at = NULL,
                                      updated_at = $5
                 FROM c WHERE intent.jobs.id = c.id)
-          SELECT c.id, a.id, c.attempt_no::int4, c.version::int8, a.deadline, c.provider::text, c.params, c.contract::text
+          SELECT c.id, a.id, c.attempt_no::int4, c.version::int8, a.deadline, c.provider::text, c.params, c.contract::text,
+                 c.since
             FROM c JOIN a ON a.job_id = c.id
            ORDER BY c.since"
         )
@@ -204,12 +208,13 @@ macro_rules! claim_sql {
 /// the scan of `jobs_claimable`.
 static CLAIM: Statement = Statement {
     name: "Claim",
-    sql: claim_sql!("", "coalesce(j.retry_at, j.updated_at)"),
+    sql: claim_sql!("", "coalesce(j.retry_at, j.updated_at)", "$6"),
     args: &[
         pg_sys::TEXTARRAYOID,
         pg_sys::TEXTOID,
         pg_sys::INTERVALOID,
         pg_sys::INT4OID,
+        pg_sys::TIMESTAMPTZOID,
         pg_sys::TIMESTAMPTZOID,
     ],
 };
@@ -232,7 +237,8 @@ static CLAIM_BOUND: Statement = Statement {
     // (owner_id, key) and takes the owner as its index condition; any other plan sorts.
     sql: claim_sql!(
         " AND j.owner_id >= $6::text AND j.owner_id <= $6::text AND (j.owner_id = $6::text) IS TRUE",
-        "j.owner_id, coalesce(j.retry_at, j.updated_at)"
+        "j.owner_id, coalesce(j.retry_at, j.updated_at)",
+        "$7"
     ),
     args: &[
         pg_sys::TEXTARRAYOID,
@@ -241,6 +247,7 @@ static CLAIM_BOUND: Statement = Statement {
         pg_sys::INT4OID,
         pg_sys::TIMESTAMPTZOID,
         pg_sys::TEXTOID,
+        pg_sys::TIMESTAMPTZOID,
     ],
 };
 
@@ -388,17 +395,23 @@ impl Store for Node {
     fn claim(&self, client: &mut SpiClient<'_>, ask: &ClaimAsk) -> Vec<Claimed> {
         let bound = crate::owner::bound_owner();
         let now = crate::clock::now();
-        let args: [DatumWithOid<'_>; 5] = [
+        // The whole queue from -infinity: one statement, one plan, the start always an index
+        // bound (a generic plan cannot bound a scan by `$n IS NULL OR …`).
+        let start = ask
+            .start
+            .unwrap_or_else(TimestampWithTimeZone::negative_infinity);
+        let args: [DatumWithOid<'_>; 6] = [
             ask.providers.clone().into(),
             ask.worker.as_deref().into(),
             ask.lease.into(),
             ask.max_jobs.into(),
             now.into(),
+            start.into(),
         ];
         let rows = match &bound {
             None => plans::run(client, &CLAIM, &args),
             Some(owner) => {
-                let [providers, worker, lease, max_jobs, now] = args;
+                let [providers, worker, lease, max_jobs, now, start] = args;
                 plans::run_generic(
                     client,
                     &CLAIM_BOUND,
@@ -409,6 +422,7 @@ impl Store for Node {
                         max_jobs,
                         now,
                         owner.as_str().into(),
+                        start,
                     ],
                     // Not a bitmap scan of the owner's part and a sort of all of it: the
                     // ordered scan, which stops at max_jobs (an owner's own long queue). And no
@@ -435,6 +449,7 @@ impl Store for Node {
                     .unwrap_or_else(|| not_null(7))
                     .0,
                 contract: row.get(8).ok().flatten(),
+                since: row.get(9).ok().flatten().unwrap_or_else(|| not_null(9)),
             }
         })
         .collect()

@@ -227,6 +227,7 @@ static CLAIM_CANDIDATES: Statement = Statement {
              AND coalesce(j.retry_at, j.updated_at) <= $4
              AND ($1::text[] IS NULL OR j.provider = ANY ($1::text[]))
              AND ($3::text IS NULL OR j.owner_id = $3)
+             AND coalesce(j.retry_at, j.updated_at) >= $7
              AND ($5::timestamptz IS NULL OR (coalesce(j.retry_at, j.updated_at), j.id) > ($5::timestamptz, $6::uuid))
            ORDER BY coalesce(j.retry_at, j.updated_at), j.id
            LIMIT $2",
@@ -237,6 +238,7 @@ static CLAIM_CANDIDATES: Statement = Statement {
         pg_sys::TIMESTAMPTZOID,
         pg_sys::TIMESTAMPTZOID,
         pg_sys::UUIDOID,
+        pg_sys::TIMESTAMPTZOID,
     ],
 };
 
@@ -344,7 +346,7 @@ impl Shards {
         candidates: &[(Uuid, TimestampWithTimeZone)],
         claimed: &mut Vec<Claimed>,
     ) {
-        for &(job_id, _) in candidates {
+        for &(job_id, since) in candidates {
             if claimed.len() >= ask.max_jobs as usize {
                 return;
             }
@@ -396,6 +398,7 @@ impl Shards {
                 provider,
                 params,
                 contract,
+                since,
             });
         }
     }
@@ -633,6 +636,9 @@ impl Store for Shards {
                     crate::clock::now().into(),
                     after.map(|(since, _)| since).into(),
                     after.map(|(_, id)| id).into(),
+                    ask.start
+                        .unwrap_or_else(TimestampWithTimeZone::negative_infinity)
+                        .into(),
                 ],
             )
             .map(|row| {

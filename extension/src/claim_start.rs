@@ -1,0 +1,139 @@
+//! Where a claim starts reading the claimable queue: past the jobs this backend has already
+//! claimed from it, so that its cost does not grow with the row versions an old snapshot keeps
+//! alive (docs/architecture.md § The claim under a held snapshot).
+//!
+//! A claimed job leaves the partial index `jobs_claimable`, but while another session holds a
+//! snapshot from before the claim (`pg_dump`, a long report, a client idle in a transaction)
+//! neither the job's old row version nor its index entry can be removed, and every claim that
+//! reads the queue from its start walks them all, one heap visit each: the cost grows with every
+//! job claimed since the snapshot began. So a claim reads from the newest job this backend
+//! claimed from the same queue last time (its *start*): the index scan begins there and skips
+//! the claimed prefix in one descent. (A claim takes the oldest jobs it can lock, so what lies
+//! before that point was claimed, or held by another transaction when the claim passed it.)
+//!
+//! What could be behind the start is a job that became claimable with an older time than one
+//! already claimed: its submit committed after a younger job was claimed, or another
+//! transaction held it (`SKIP LOCKED`) and let it go unchanged. So the start is forgotten, and
+//! the claim reads the whole queue again, when `intent.claim_rescan` has passed since this
+//! backend last did (1 s by default; 0 reads the whole queue every time): such a job waits at
+//! most that long longer than it would have, and any other backend may take it before.
+//! The start is also forgotten when the claim that set it did not commit (its rows are
+//! claimable again): it is kept with the transaction that set it, and trusted only while that
+//! transaction is this one or committed.
+//!
+//! Per backend, and only a hint: a claim never runs in a parallel worker (`claim_attempts` is
+//! parallel unsafe), and whatever the start, a claim takes only claimable jobs, under the same
+//! conditions and locks. Written once for every storage mode: the stores take the start as a
+//! lower bound on the queue's key.
+
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::pg_sys;
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
+
+/// `intent.claim_rescan` (milliseconds): how long a backend's claims may read its queue from
+/// where the last one started before reading all of it again.
+static CLAIM_RESCAN: GucSetting<i32> = GucSetting::<i32>::new(1000);
+
+/// How many queues (provider lists × bound owner) a backend keeps a start for.
+const QUEUES: usize = 16;
+
+/// Registers `intent.claim_rescan`; called from `_PG_init`.
+pub fn register() {
+    GucRegistry::define_int_guc(
+        c"intent.claim_rescan",
+        c"How long a backend's claims may start past the jobs it claimed last, before reading the whole claimable queue again.",
+        c"A job that became claimable with an older time than one already claimed is found by the next whole read, at most this long later. 0: every claim reads the whole queue.",
+        &CLAIM_RESCAN,
+        0,
+        3_600_000,
+        GucContext::Userset,
+        GucFlags::UNIT_MS,
+    );
+}
+
+/// A queue as a claim names it: its providers (any when None) and the bound owner.
+#[derive(PartialEq, Eq, Clone)]
+pub struct Queue {
+    pub providers: Option<Vec<String>>,
+    pub owner: Option<String>,
+}
+
+struct Start {
+    queue: Queue,
+    /// The newest time (`coalesce(retry_at, updated_at)`) the last claim took, and the
+    /// transaction (or subtransaction) that took it.
+    from: Option<(i64, pg_sys::TransactionId)>,
+    /// When this backend last read the whole queue.
+    read_whole: Instant,
+}
+
+thread_local! {
+    static STARTS: RefCell<Vec<Start>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Where a claim of `queue` starts: None to read the whole queue.
+pub fn start(queue: &Queue) -> Option<TimestampWithTimeZone> {
+    let rescan = Duration::from_millis(u64::try_from(CLAIM_RESCAN.get()).unwrap_or(0));
+    if rescan.is_zero() {
+        return None;
+    }
+    STARTS.with_borrow_mut(|starts| {
+        let s = starts.iter_mut().find(|s| s.queue == *queue)?;
+        if s.read_whole.elapsed() >= rescan {
+            return None;
+        }
+        let (from, xid) = s.from?;
+        // SAFETY: plain reads of this backend's transaction state and of the commit log, for
+        // an xid this backend assigned since its last whole read, at most intent.claim_rescan
+        // ago (far inside the commit log's horizon).
+        let trusted = unsafe {
+            pg_sys::TransactionIdIsCurrentTransactionId(xid) || pg_sys::TransactionIdDidCommit(xid)
+        };
+        if !trusted {
+            s.from = None;
+            return None;
+        }
+        TimestampWithTimeZone::try_from(from).ok()
+    })
+}
+
+/// Records a claim of `queue` that read from `started` (None: the whole queue) and took jobs
+/// whose newest time is `newest` (None: took none).
+pub fn claimed(
+    queue: &Queue,
+    started: Option<TimestampWithTimeZone>,
+    newest: Option<TimestampWithTimeZone>,
+) {
+    STARTS.with_borrow_mut(|starts| {
+        let i = match starts.iter().position(|s| s.queue == *queue) {
+            Some(i) => i,
+            None => {
+                if starts.len() >= QUEUES {
+                    starts.remove(0);
+                }
+                starts.push(Start {
+                    queue: queue.clone(),
+                    from: None,
+                    read_whole: Instant::now(),
+                });
+                starts.len() - 1
+            }
+        };
+        let s = &mut starts[i];
+        // The transaction that took the jobs: on Citus the rows are written on the workers, so
+        // the coordinator's transaction may have no xid of its own yet.
+        // SAFETY: assigns this (sub)transaction an xid if it has none, as any write would.
+        let taken = newest.map(|t| (t.into_inner(), unsafe { pg_sys::GetCurrentTransactionId() }));
+        if started.is_none() {
+            // A whole read: what it took is where the next claims start (nothing taken: the
+            // queue has nothing claimable, and the next claim reads it all again). So the
+            // transaction kept with a start is never older than the last whole read.
+            s.read_whole = Instant::now();
+            s.from = taken;
+        } else if taken.is_some() {
+            s.from = taken;
+        }
+    });
+}
