@@ -62,9 +62,9 @@ pub struct Queue {
 
 struct Start {
     queue: Queue,
-    /// The newest time (`coalesce(retry_at, updated_at)`) the last claim took, and the
-    /// transaction (or subtransaction) that took it.
-    from: Option<(i64, pg_sys::TransactionId)>,
+    /// The newest time (`coalesce(retry_at, updated_at)`) the last claim that took jobs took,
+    /// and the (sub)transaction that took it (a full transaction id).
+    from: Option<(i64, u64)>,
     /// When this backend last read the whole queue.
     read_whole: Instant,
 }
@@ -85,18 +85,33 @@ pub fn start(queue: &Queue) -> Option<TimestampWithTimeZone> {
             return None;
         }
         let (from, xid) = s.from?;
-        // SAFETY: plain reads of this backend's transaction state and of the commit log, for
-        // an xid this backend assigned since its last whole read, at most intent.claim_rescan
-        // ago (far inside the commit log's horizon).
-        let trusted = unsafe {
-            pg_sys::TransactionIdIsCurrentTransactionId(xid) || pg_sys::TransactionIdDidCommit(xid)
-        };
-        if !trusted {
+        if !committed_or_current(xid) {
             s.from = None;
             return None;
         }
         TimestampWithTimeZone::try_from(from).ok()
     })
+}
+
+/// Whether the (sub)transaction `xid` (a full transaction id) is this one, or committed. Asked
+/// through `pg_xact_status`, which answers NULL, not an error, for an xid older than the commit
+/// log keeps (a start may be kept for hours while the queue is idle).
+fn committed_or_current(xid: u64) -> bool {
+    // The xid: the low 32 bits of the full one.
+    let short = pg_sys::TransactionId::from_inner(xid as u32);
+    // SAFETY: a check of this backend's own transaction state, for an xid it was assigned.
+    if unsafe { pg_sys::TransactionIdIsCurrentTransactionId(short) } {
+        return true;
+    }
+    // SAFETY: pg_xact_status(xid8) with an xid8 datum (passed by value), as its SQL signature
+    // says; an xid this backend was assigned is never in the future.
+    let status = unsafe {
+        pgrx::direct_function_call::<String>(
+            pg_sys::pg_xact_status,
+            &[Some(pg_sys::Datum::from(xid))],
+        )
+    };
+    status.as_deref() == Some("committed")
 }
 
 /// Records a claim of `queue` that read from `started` (None: the whole queue) and took jobs
@@ -125,14 +140,18 @@ pub fn claimed(
         // The transaction that took the jobs: on Citus the rows are written on the workers, so
         // the coordinator's transaction may have no xid of its own yet.
         // SAFETY: assigns this (sub)transaction an xid if it has none, as any write would.
-        let taken = newest.map(|t| (t.into_inner(), unsafe { pg_sys::GetCurrentTransactionId() }));
+        let taken = newest.map(|t| {
+            (
+                t.into_inner(),
+                unsafe { pg_sys::GetCurrentFullTransactionId() }.value,
+            )
+        });
         if started.is_none() {
-            // A whole read: what it took is where the next claims start (nothing taken: the
-            // queue has nothing claimable, and the next claim reads it all again). So the
-            // transaction kept with a start is never older than the last whole read.
             s.read_whole = Instant::now();
-            s.from = taken;
-        } else if taken.is_some() {
+        }
+        // A claim that took nothing keeps the start it had: an idle worker's polls read from
+        // there, not the whole queue (which is what a held snapshot makes costly).
+        if taken.is_some() {
             s.from = taken;
         }
     });

@@ -1,9 +1,10 @@
 //! Where a claim starts (extension/src/claim_start.rs, docs/reference.md § 1.5): a backend's
-//! claims read the claimable queue from the oldest job its last claim took, so that they skip
+//! claims read the claimable queue from the newest job its last claim took, so that they skip
 //! what they claimed before (and the row versions an old snapshot keeps of it); a job that
 //! becomes claimable behind that point is taken by the next whole read, at most
-//! `intent.claim_rescan` later, and at once by any other backend; a claim that does not commit
-//! leaves no start. In the conformance suite: every target checks it.
+//! `intent.claim_rescan` later, and at once by a backend that has not claimed past it; a claim
+//! that takes nothing keeps its start (an idle worker's polls do not read the whole queue); a
+//! claim that does not commit leaves no start. In the conformance suite: every target checks it.
 
 use pg_intent_tests::*;
 use std::time::{Duration, Instant};
@@ -161,4 +162,38 @@ async fn a_claim_that_does_not_commit_leaves_no_start() {
     assert_eq!(claim(&w, 1).await, ["c"], "after a rolled-back savepoint");
     w.batch_execute("COMMIT").await.unwrap();
     assert_eq!(claim(&w, 1).await, ["d"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_takes_nothing_keeps_its_start() {
+    let db = Cluster::shared().fresh_db("claim_start_idle").await;
+    let su = db.connect().await;
+    let late = db.connect().await;
+    late.batch_execute("BEGIN").await.unwrap();
+    submit(&late, "u", "late", "gpu-s", &json!({}))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    submit(&su, "u", "a", "gpu-s", &json!({})).await.unwrap();
+    let w = db.connect().await;
+    w.batch_execute("SET intent.claim_rescan = '2s'")
+        .await
+        .unwrap();
+    assert_eq!(claim(&w, 1).await, ["a"]);
+    // A whole read that finds nothing ("late" is not committed yet)...
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert_eq!(
+        claim(&w, 1).await,
+        Vec::<String>::new(),
+        "a whole read, empty"
+    );
+    late.batch_execute("COMMIT").await.unwrap();
+    // ...keeps the start at "a": the polls that follow read from there, not the whole queue,
+    // until the rescan.
+    assert_eq!(
+        claim(&w, 1).await,
+        Vec::<String>::new(),
+        "read from the start"
+    );
+    claimed_within(&w, "late", Duration::from_secs(10)).await;
 }
