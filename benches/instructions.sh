@@ -63,6 +63,10 @@ UNKNOWN="DO \$\$ DECLARE j uuid; a uuid; v bigint; BEGIN FOR i IN 1..$N LOOP
   PERFORM intent.mark_unknown(a, 'timeout');
   PERFORM intent.abandon_attempt(a, 'no record');
   PERFORM intent.cancel_job(j, 'gave up'); END LOOP; END \$\$;"
+CLAIM="DO \$\$ DECLARE a uuid; v bigint; BEGIN FOR i IN 1..$N LOOP
+  PERFORM intent.submit_job('o', 'c-' || i, 'gpu-a', '{\"prompt\": \"a cat\"}');
+  SELECT attempt_id, version INTO a, v FROM intent.claim_attempts(ARRAY['gpu-a'], 'w', '30 seconds', 1);
+  PERFORM intent.complete_attempt(a, v, '{\"image\": \"x\"}'); END LOOP; END \$\$;"
 BATCH="DO \$\$ BEGIN FOR i IN 1..$((N / 100)) LOOP
   PERFORM count(*) FROM intent.submit_jobs(array_fill('o'::text, ARRAY[100]),
     ARRAY(SELECT 'b-' || i || '-' || g FROM generate_series(1, 100) g), array_fill('gpu-a'::text, ARRAY[100]),
@@ -87,6 +91,7 @@ row() { # row LABEL SQL DIVISOR [SUBTRACT_LABEL]
   row "submit_jobs, 100 new keys" "$BATCH" "$((N / 100))"
   row "retry: submit, begin, heartbeat, fail, begin, complete" "$RETRY" "$N"
   row "unknown: submit, begin, mark_unknown, abandon, cancel" "$UNKNOWN" "$N"
+  row "worker: submit, claim_attempts, complete" "$CLAIM" "$N"
 } | while read -r a b c d e f g h; do
   # label words, then old new divisor
   set -- $a $b $c $d $e $f $g $h
