@@ -41,20 +41,22 @@ async fn claimed_within(c: &Client, key: &str, limit: Duration) -> Duration {
     }
 }
 
+/// A submit of `late` whose transaction stays open, then `young` submitted and committed: once
+/// the returned connection commits, `late` is claimable with an older time than `young`.
+async fn late_then_young(db: &Db<'_>, su: &Client, late: &str, young: &str) -> Client {
+    let c = db.connect().await;
+    c.batch_execute("BEGIN").await.unwrap();
+    submit(&c, "u", late, "gpu-s", &json!({})).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    submit(su, "u", young, "gpu-s", &json!({})).await.unwrap();
+    c
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_committed_behind_the_start_is_claimed_within_the_rescan() {
     let db = Cluster::shared().fresh_db("claim_start_late").await;
     let su = db.connect().await;
-    // A submit whose transaction commits late: its time is older than the next job's.
-    let late = db.connect().await;
-    late.batch_execute("BEGIN").await.unwrap();
-    submit(&late, "u", "late", "gpu-s", &json!({}))
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    submit(&su, "u", "young", "gpu-s", &json!({}))
-        .await
-        .unwrap();
+    let late = late_then_young(&db, &su, "late", "young").await;
     let w = db.connect().await;
     w.batch_execute("SET intent.claim_rescan = '2s'")
         .await
@@ -71,15 +73,7 @@ async fn a_job_committed_behind_the_start_is_claimed_within_the_rescan() {
     let other = db.connect().await;
     assert_eq!(claim(&other, 1).await, ["late"]);
     // Again, for this worker alone, with the rescan: taken once 2 s have passed.
-    let late2 = db.connect().await;
-    late2.batch_execute("BEGIN").await.unwrap();
-    submit(&late2, "u", "late-2", "gpu-s", &json!({}))
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    submit(&su, "u", "young-2", "gpu-s", &json!({}))
-        .await
-        .unwrap();
+    let late2 = late_then_young(&db, &su, "late-2", "young-2").await;
     // The whole read of the first claim above was at most 2 s ago; wait for a fresh one, so
     // that the time below is measured from a known whole read.
     tokio::time::sleep(Duration::from_millis(2100)).await;
@@ -91,15 +85,7 @@ async fn a_job_committed_behind_the_start_is_claimed_within_the_rescan() {
         "taken after {waited:?}: before the rescan, so not from the start"
     );
     // With intent.claim_rescan = 0 every claim reads the whole queue: taken at once.
-    let late3 = db.connect().await;
-    late3.batch_execute("BEGIN").await.unwrap();
-    submit(&late3, "u", "late-3", "gpu-s", &json!({}))
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    submit(&su, "u", "young-3", "gpu-s", &json!({}))
-        .await
-        .unwrap();
+    let late3 = late_then_young(&db, &su, "late-3", "young-3").await;
     w.batch_execute("SET intent.claim_rescan = 0")
         .await
         .unwrap();
@@ -168,13 +154,7 @@ async fn a_claim_that_does_not_commit_leaves_no_start() {
 async fn a_claim_that_takes_nothing_keeps_its_start() {
     let db = Cluster::shared().fresh_db("claim_start_idle").await;
     let su = db.connect().await;
-    let late = db.connect().await;
-    late.batch_execute("BEGIN").await.unwrap();
-    submit(&late, "u", "late", "gpu-s", &json!({}))
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    submit(&su, "u", "a", "gpu-s", &json!({})).await.unwrap();
+    let late = late_then_young(&db, &su, "late", "a").await;
     let w = db.connect().await;
     w.batch_execute("SET intent.claim_rescan = '2s'")
         .await
