@@ -26,6 +26,11 @@ Usage: python3 benches/run.py [--quick] [--seconds N] [--clients N] [--markdown 
            claims of 20 while another session holds a snapshot from before 100,000 jobs were
            claimed ÷ the same claims on the same table vacuumed (issue 30: its cost must not grow
            with the row versions an old snapshot keeps alive), with the buffers it reads
+       python3 benches/run.py --hot [--quick]
+           what one lifecycle writes (issue 30, HOT): per table, the inserts, updates, HOT
+           updates (their share) and deletes per job, for a direct lifecycle (submit, begin,
+           complete) and a worker's (submit, claim, complete); and WAL per lifecycle ÷ the three
+           bare statements
        python3 benches/run.py --majors "15:BIN 16:BIN ..." [--markdown FILE]
            the submit and lifecycle pairs on each major, one after the other in one run, each
            against its baselines on the same server, and each major's throughput against the
@@ -191,6 +196,7 @@ def main():
     ap.add_argument("--workers", action="store_true", help="the worker benchmarks: claims, NOTIFY, pickup")
     ap.add_argument("--bound-claim", action="store_true", help="a bound claim against other owners' queues")
     ap.add_argument("--held-snapshot", action="store_true", help="a claim behind jobs claimed under a held snapshot")
+    ap.add_argument("--hot", action="store_true", help="row versions, HOT updates and WAL per lifecycle")
     args = ap.parse_args()
     if args.workers:
         return workers(args)
@@ -198,6 +204,8 @@ def main():
         return bound_claim(args)
     if args.held_snapshot:
         return held_snapshot(args)
+    if args.hot:
+        return hot(args)
     if args.majors:
         return majors(args)
     if args.ab:
@@ -850,6 +858,50 @@ def held_snapshot(args):
     finally:
         if holder is not None:
             holder.kill()
+        cluster.stop()
+
+
+def hot(args):
+    """Row versions per job and the share of HOT updates per table, read from
+    pg_stat_user_tables after N lifecycles by one client (the statistics reset before each),
+    for a direct lifecycle and for a worker's; and WAL per lifecycle ÷ the bare statements."""
+    n = 2_000 if args.quick else 10_000
+    cluster = Cluster(SETTINGS)
+    try:
+        cluster.psql("CREATE DATABASE bench", db="postgres")
+        cluster.psql("CREATE EXTENSION pg_intent")
+        cluster.psql(None, file=ROOT / "benches" / "sql" / "baselines.sql")
+        print(f"pg_intent row versions and HOT updates per lifecycle: {n:,} lifecycles by one client, "
+              f"{os.cpu_count()} CPUs", flush=True)
+
+        def tables():
+            time.sleep(1.5)  # the backends report their counts when they end
+            rows = cluster.psql("SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del "
+                                "FROM pg_stat_user_tables WHERE schemaname = 'intent' "
+                                "AND relname IN ('jobs', 'attempts', 'events') ORDER BY relname")
+            return [r.split("|") for r in rows.splitlines()]
+
+        def report(label):
+            print(f"  {label}:")
+            for name, ins, upd, hot_upd, dele in tables():
+                ins, upd, hot_upd, dele = int(ins), int(upd), int(hot_upd), int(dele)
+                share = f"{100 * hot_upd / upd:.0f} %" if upd else "-"
+                print(f"    {name:<9} per job: {ins / n:.2f} inserts, {upd / n:.2f} updates ({hot_upd / n:.2f} HOT, "
+                      f"{share}), {dele / n:.2f} deletes; row versions {(ins + upd) / n:.2f}", flush=True)
+
+        cluster.psql("SELECT pg_stat_reset()")
+        pgbench(cluster, "lifecycle.sql", 1, transactions=n)
+        report("direct lifecycle (submit_job, begin_attempt, complete_attempt)")
+        load_pending(cluster, n, "hot")
+        time.sleep(1.5)
+        cluster.psql("SELECT pg_stat_reset()")
+        pgbench(cluster, "claim_complete.sql", 1, transactions=n)
+        report(f"worker lifecycle (claim_attempts, complete_attempt; the {n:,} jobs loaded before, not counted)")
+        ours = wal_per_transaction(cluster, "lifecycle.sql", n)
+        bare = wal_per_transaction(cluster, "bare_lifecycle.sql", n)
+        print(f"  WAL per lifecycle: {ours:.0f} ÷ {bare:.0f} bytes (bare statements) = {ours / bare:.2f} "
+              f"(target <= 1.15)", flush=True)
+    finally:
         cluster.stop()
 
 
