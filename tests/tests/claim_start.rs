@@ -58,7 +58,9 @@ async fn a_job_committed_behind_the_start_is_claimed_within_the_rescan() {
     let su = db.connect().await;
     let late = late_then_young(&db, &su, "late", "young").await;
     let w = db.connect().await;
-    w.batch_execute("SET intent.claim_rescan = '2s'")
+    // An hour while the test looks at claims from the start: however slow the machine, no
+    // whole read comes between them.
+    w.batch_execute("SET intent.claim_rescan = '1h'")
         .await
         .unwrap();
     assert_eq!(claim(&w, 1).await, ["young"]);
@@ -73,6 +75,9 @@ async fn a_job_committed_behind_the_start_is_claimed_within_the_rescan() {
     let other = db.connect().await;
     assert_eq!(claim(&other, 1).await, ["late"]);
     // Again, for this worker alone, with the rescan: taken once 2 s have passed.
+    w.batch_execute("SET intent.claim_rescan = '2s'")
+        .await
+        .unwrap();
     let late2 = late_then_young(&db, &su, "late-2", "young-2").await;
     // The whole read of the first claim above was at most 2 s ago; wait for a fresh one, so
     // that the time below is measured from a known whole read.
@@ -110,7 +115,7 @@ async fn a_job_released_unchanged_behind_the_start_is_claimed_within_the_rescan(
     holder.batch_execute("BEGIN").await.unwrap();
     begin(&holder, held, None, "1 hour").await.unwrap();
     let w = db.connect().await;
-    w.batch_execute("SET intent.claim_rescan = '1s'")
+    w.batch_execute("SET intent.claim_rescan = '1h'")
         .await
         .unwrap();
     assert_eq!(claim(&w, 1).await, ["next"], "past the held job");
@@ -120,6 +125,9 @@ async fn a_job_released_unchanged_behind_the_start_is_claimed_within_the_rescan(
         ["last"],
         "from the start: past the released job"
     );
+    w.batch_execute("SET intent.claim_rescan = '1s'")
+        .await
+        .unwrap();
     claimed_within(&w, "held", Duration::from_secs(10)).await;
 }
 
@@ -167,6 +175,9 @@ async fn a_claim_that_takes_nothing_keeps_its_start() {
         Vec::<String>::new(),
         "a whole read, empty"
     );
+    w.batch_execute("SET intent.claim_rescan = '1h'")
+        .await
+        .unwrap();
     late.batch_execute("COMMIT").await.unwrap();
     // ...keeps the start at "a": the polls that follow read from there, not the whole queue,
     // until the rescan.
@@ -175,5 +186,8 @@ async fn a_claim_that_takes_nothing_keeps_its_start() {
         Vec::<String>::new(),
         "read from the start"
     );
+    w.batch_execute("SET intent.claim_rescan = '1s'")
+        .await
+        .unwrap();
     claimed_within(&w, "late", Duration::from_secs(10)).await;
 }
