@@ -154,6 +154,20 @@ pub struct Begun {
     pub version: i64,
 }
 
+/// The jobs one `intent.claim_attempts` of `provider` (worker "w", a minute's lease) began, at
+/// most `max_jobs`, in the order it answered them.
+pub async fn claim_jobs(c: &Client, provider: &str, max_jobs: i32) -> Vec<Uuid> {
+    c.query(
+        "SELECT job_id FROM intent.claim_attempts(ARRAY[$1], 'w', '1 minute', $2)",
+        &[&provider, &max_jobs],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
 /// `intent.submit_job(owner, key, provider, params)` with the defaults.
 pub async fn submit(
     c: &Client,

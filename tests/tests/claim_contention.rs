@@ -9,15 +9,7 @@ use pg_intent_tests::*;
 
 /// The jobs one `claim_attempts` of provider gpu-h begins, at most `max_jobs`, in its order.
 async fn claim(c: &Client, max_jobs: i32) -> Vec<Uuid> {
-    c.query(
-        "SELECT job_id FROM intent.claim_attempts(ARRAY['gpu-h'], 'w', '1 minute', $1)",
-        &[&max_jobs],
-    )
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
+    claim_jobs(c, "gpu-h", max_jobs).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

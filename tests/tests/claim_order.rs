@@ -13,15 +13,7 @@ use std::time::Duration;
 
 /// The jobs a claim began, in the order it answered them.
 async fn claim(c: &Client, max_jobs: i32) -> Vec<Uuid> {
-    c.query(
-        "SELECT job_id FROM intent.claim_attempts(ARRAY['gpu-q'], 'w', '1 minute', $1)",
-        &[&max_jobs],
-    )
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
+    claim_jobs(c, "gpu-q", max_jobs).await
 }
 
 /// The reproduction: session T's statement opens, sleeps 3 s, then submits; meanwhile

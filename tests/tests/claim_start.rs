@@ -10,23 +10,22 @@ use pg_intent_tests::*;
 use std::time::{Duration, Instant};
 
 /// The keys of the jobs one `claim_attempts` of provider gpu-s begins, in its order (owner "u";
-/// the keys from the ids, which intent.job_id derives: no read of the tables, which Citus
-/// refuses in the claim's transaction).
+/// each key found from its job id, which the protocol crate derives: no read of the tables,
+/// which Citus refuses in the claim's transaction).
 async fn claim(c: &Client, max_jobs: i32) -> Vec<String> {
-    c.query(
-        "SELECT coalesce(k.key, c.job_id::text)
-           FROM intent.claim_attempts(ARRAY['gpu-s'], 'w', '1 minute', $1) WITH ORDINALITY c
-           LEFT JOIN unnest(ARRAY['late', 'young', 'late-2', 'young-2', 'late-3', 'young-3',
-                                  'held', 'next', 'last', 'a', 'b', 'c', 'd']) k(key)
-                  ON intent.job_id('u', k.key) = c.job_id
-          ORDER BY c.ordinality",
-        &[&max_jobs],
-    )
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
+    const KEYS: &[&str] = &[
+        "late", "young", "late-2", "young-2", "late-3", "young-3", "held", "next", "last", "a",
+        "b", "c", "d",
+    ];
+    claim_jobs(c, "gpu-s", max_jobs)
+        .await
+        .into_iter()
+        .map(|id| {
+            KEYS.iter()
+                .find(|k| pg_intent_protocol::job_id("u", k).ok() == Some(*id.as_bytes()))
+                .map_or_else(|| id.to_string(), |k| k.to_string())
+        })
+        .collect()
 }
 
 /// Claims one job at a time until `key` is taken; how long it took. Panics after `limit`.
