@@ -37,8 +37,14 @@ CREATE TABLE intent.jobs (
     CONSTRAINT jobs_result_only_when_succeeded CHECK (result IS NULL OR state = 'succeeded'),
     -- Every attempt of a job shares the job's 14 leading bytes.
     CONSTRAINT jobs_completed_by_is_own_attempt
-        CHECK (completed_by IS NULL OR intent.job_of(completed_by) = id)
-);
+        CHECK (completed_by IS NULL OR intent.job_of(completed_by) = id),
+    -- The claimable queue is the jobs with a retry_at (jobs_claimable_since): a job has one
+    -- exactly while it is pending with attempts left.
+    CONSTRAINT jobs_retry_at_when_claimable
+        CHECK ((retry_at IS NOT NULL) = (state = 'pending' AND attempt_count < max_attempts))
+)
+-- Room on each page for the new version of a job's HOT updates (its outcome, its state).
+WITH (fillfactor = 90);
 
 COMMENT ON TABLE intent.jobs IS
     'One row per intent, keyed by (owner_id, idempotency_key). Retries and fallbacks are attempts (intent.attempts) under it; the row never changes identity.';
@@ -71,7 +77,7 @@ COMMENT ON COLUMN intent.jobs.attempt_count IS
 COMMENT ON COLUMN intent.jobs.created_at IS 'When the intent was first submitted.';
 COMMENT ON COLUMN intent.jobs.updated_at IS 'When the job row last changed (state, version, outcome).';
 COMMENT ON COLUMN intent.jobs.retry_at IS
-    'After a retryable failure, when claim_attempts may begin the next attempt (fail_attempt''s retry_after, or the backoff of intent.retry_backoff). NULL: claimable as soon as pending. begin_attempt is not held back by it.';
+    'While the job is claimable (pending, with attempts left): when claim_attempts may begin its next attempt, the time it became pending, or after a retryable failure its retry time (fail_attempt''s retry_after, or the backoff of intent.retry_backoff). NULL while it is not claimable (running, unknown, finished, or no attempts left). begin_attempt is not held back by it.';
 
 COMMENT ON CONSTRAINT jobs_owner_key_unique ON intent.jobs IS
     'One job per intent: concurrent submits of one key meet here, never in application code.';
@@ -84,6 +90,7 @@ COMMENT ON CONSTRAINT jobs_pkey ON intent.jobs IS 'The derived id: every layer c
 COMMENT ON CONSTRAINT jobs_attempt_count_range ON intent.jobs IS 'No more attempts than max_attempts (IJ006 is the API''s side of it).';
 COMMENT ON CONSTRAINT jobs_result_only_when_succeeded ON intent.jobs IS 'Only a win puts a result on the job.';
 COMMENT ON CONSTRAINT jobs_completed_by_is_own_attempt ON intent.jobs IS 'The attempt whose outcome stands belongs to this job.';
+COMMENT ON CONSTRAINT jobs_retry_at_when_claimable ON intent.jobs IS 'retry_at is set exactly while the job is claimable (pending, with attempts left): the claimable queue is the jobs that have one.';
 COMMENT ON INDEX intent.jobs_pkey IS 'Finds a job by its derived id (every call but submit_job).';
 COMMENT ON INDEX intent.jobs_owner_key_unique IS 'One job per intent: the index behind jobs_owner_key_unique.';
 
@@ -92,20 +99,21 @@ COMMENT ON INDEX intent.jobs_owner_key_unique IS 'One job per intent: the index 
 CREATE INDEX jobs_created_at ON intent.jobs USING brin (created_at);
 COMMENT ON INDEX intent.jobs_created_at IS 'Finds old jobs for intent.purge(); BRIN, cheap to maintain.';
 
--- For intent.claim_attempts(): the jobs that may begin an attempt now, longest-waiting first
--- (since their retry time, or since they became pending). Partial, so that its size is the
--- queue's, whatever the number of finished jobs.
-CREATE INDEX jobs_claimable ON intent.jobs ((coalesce(retry_at, updated_at)))
-    WHERE state = 'pending' AND attempt_count < max_attempts;
-COMMENT ON INDEX intent.jobs_claimable IS
-    'The claimable jobs, in the order claim_attempts takes them; only pending jobs with attempts left are in it.';
+-- For intent.claim_attempts(): the jobs that may begin an attempt now, longest-waiting first.
+-- retry_at is set exactly while a job is claimable (jobs_retry_at_when_claimable), to the time
+-- it may be claimed from: when it became pending, or its retry time. Keyed and filtered on that
+-- one column, so that a transition that leaves it NULL (a win, a failure, a cancel, a job
+-- becoming unknown) changes no column an index reads and is a HOT update; partial, so that its
+-- size is the queue's, whatever the number of finished jobs.
+CREATE INDEX jobs_claimable_since ON intent.jobs (retry_at) WHERE retry_at IS NOT NULL;
+COMMENT ON INDEX intent.jobs_claimable_since IS
+    'The claimable jobs, in the order claim_attempts takes them (retry_at is set only while a job is claimable).';
 
 -- For a claim by a session bound to one owner: the same jobs and order, per owner, so that its
 -- claim reads its owner's queue only, whatever the size of the others' (its cost, and its
 -- timing, tell nothing of theirs). owner_id never changes, so it costs no HOT update.
-CREATE INDEX jobs_claimable_by_owner ON intent.jobs (owner_id, (coalesce(retry_at, updated_at)))
-    WHERE state = 'pending' AND attempt_count < max_attempts;
-COMMENT ON INDEX intent.jobs_claimable_by_owner IS
+CREATE INDEX jobs_claimable_since_by_owner ON intent.jobs (owner_id, retry_at) WHERE retry_at IS NOT NULL;
+COMMENT ON INDEX intent.jobs_claimable_since_by_owner IS
     'The claimable jobs per owner, in the order claim_attempts takes them: a bound session''s claim reads its owner''s part only.';
 
 -- What a purge leaves of a job: its id and the last version it handed out. Ids and attempt ids

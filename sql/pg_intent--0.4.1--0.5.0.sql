@@ -1,11 +1,14 @@
--- pg_intent 0.4.1 → 0.5.0. No table changes shape; rows are kept.
+-- pg_intent 0.4.1 → 0.5.0. No column is added or removed; rows are kept.
 --
 -- Run by ALTER EXTENSION pg_intent UPDATE. The changes:
 --   * the drop guard (intent._guard_checker_drop) reads, on a Citus worker, that node's copy
 --     of the reference table intent.contracts (its one shard): its read of intent.contracts
 --     there was a distributed query nested in the coordinator's propagated command, which
 --     Citus refuses, so on a distributed installation the DROP of any function of one jsonb in
---     a schema Citus propagates failed, for every role.
+--     a schema Citus propagates failed, for every role;
+--   * retry_at is set exactly while a job is claimable and keys the claim indexes
+--     (jobs_claimable_since, jobs_claimable_since_by_owner replace jobs_claimable and
+--     jobs_claimable_by_owner), with a check and fillfactor 90: a job's outcome is a HOT update.
 
 \echo Use "ALTER EXTENSION pg_intent UPDATE TO '0.5.0'" to load this file. \quit
 
@@ -87,3 +90,73 @@ END
 $$;
 COMMENT ON FUNCTION intent._guard_checker_drop() IS
     'Internal: refuses to drop a function that a contract uses as its checker. Runs on every DROP, by any role, as intent_owner.';
+
+-- ---------------------------------------------------------------------------------------------
+-- HOT updates of jobs (issue 30 § 2). The claimable queue was keyed on
+-- coalesce(retry_at, updated_at) and filtered on state: every update of a job changed a column
+-- an index reads, so none was HOT. Now retry_at is set exactly while a job is claimable (the time
+-- it may be claimed from) and the two claim indexes read retry_at alone: an update that leaves
+-- it NULL (a win, a failure, a cancel, a job becoming unknown) is HOT when its page has room,
+-- which fillfactor 90 keeps for the jobs written from now on.
+-- On Citus the coordinator's statements reach the shards and every node's copy of the table
+-- before a worker runs this script itself: there each step is found done and skipped, and the
+-- rows (the shards' business) are not touched again.
+DO $$
+DECLARE
+    worker boolean := false;
+BEGIN
+    -- Read only where Citus is: the name is resolved when the statement is planned.
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_local_group') IS NOT NULL THEN
+        worker := EXISTS (SELECT FROM pg_catalog.pg_dist_local_group g WHERE g.groupid OPERATOR(pg_catalog.<>) 0);
+    END IF;
+    IF NOT worker THEN
+        -- A pending job with attempts left was claimable since its retry time, or since it
+        -- last changed (the old claim's key); any other job has none.
+        UPDATE intent.jobs SET retry_at = updated_at
+         WHERE retry_at IS NULL AND state OPERATOR(pg_catalog.=) 'pending'
+           AND attempt_count OPERATOR(pg_catalog.<) max_attempts;
+        UPDATE intent.jobs SET retry_at = NULL
+         WHERE retry_at IS NOT NULL
+           AND NOT (state OPERATOR(pg_catalog.=) 'pending' AND attempt_count OPERATOR(pg_catalog.<) max_attempts);
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_constraint k
+                    WHERE k.conrelid OPERATOR(pg_catalog.=) 'intent.jobs'::pg_catalog.regclass
+                      AND k.conname OPERATOR(pg_catalog.=) 'jobs_retry_at_when_claimable') THEN
+        EXECUTE $sql$ALTER TABLE intent.jobs ADD CONSTRAINT jobs_retry_at_when_claimable
+            CHECK ((retry_at IS NOT NULL) = (state = 'pending' AND attempt_count < max_attempts))$sql$;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_class c
+                    WHERE c.oid OPERATOR(pg_catalog.=) 'intent.jobs'::pg_catalog.regclass
+                      AND 'fillfactor=90' OPERATOR(pg_catalog.=) ANY (c.reloptions)) THEN
+        EXECUTE 'ALTER TABLE intent.jobs SET (fillfactor = 90)';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_index i
+                    WHERE i.indexrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('intent.jobs_claimable_since')
+                      AND i.indrelid OPERATOR(pg_catalog.=) 'intent.jobs'::pg_catalog.regclass) THEN
+        EXECUTE 'CREATE INDEX jobs_claimable_since ON intent.jobs (retry_at) WHERE retry_at IS NOT NULL';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_index i
+                    WHERE i.indexrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('intent.jobs_claimable_since_by_owner')
+                      AND i.indrelid OPERATOR(pg_catalog.=) 'intent.jobs'::pg_catalog.regclass) THEN
+        EXECUTE 'CREATE INDEX jobs_claimable_since_by_owner ON intent.jobs (owner_id, retry_at) WHERE retry_at IS NOT NULL';
+    END IF;
+    -- The old claim indexes: the library reads them only on a catalog older than this one.
+    IF EXISTS (SELECT FROM pg_catalog.pg_index i
+                WHERE i.indexrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('intent.jobs_claimable')
+                  AND i.indrelid OPERATOR(pg_catalog.=) 'intent.jobs'::pg_catalog.regclass) THEN
+        EXECUTE 'DROP INDEX intent.jobs_claimable';
+    END IF;
+    IF EXISTS (SELECT FROM pg_catalog.pg_index i
+                WHERE i.indexrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('intent.jobs_claimable_by_owner')
+                  AND i.indrelid OPERATOR(pg_catalog.=) 'intent.jobs'::pg_catalog.regclass) THEN
+        EXECUTE 'DROP INDEX intent.jobs_claimable_by_owner';
+    END IF;
+END
+$$;
+COMMENT ON CONSTRAINT jobs_retry_at_when_claimable ON intent.jobs IS 'retry_at is set exactly while the job is claimable (pending, with attempts left): the claimable queue is the jobs that have one.';
+COMMENT ON COLUMN intent.jobs.retry_at IS
+    'While the job is claimable (pending, with attempts left): when claim_attempts may begin its next attempt, the time it became pending, or after a retryable failure its retry time (fail_attempt''s retry_after, or the backoff of intent.retry_backoff). NULL while it is not claimable (running, unknown, finished, or no attempts left). begin_attempt is not held back by it.';
+COMMENT ON INDEX intent.jobs_claimable_since IS
+    'The claimable jobs, in the order claim_attempts takes them (retry_at is set only while a job is claimable).';
+COMMENT ON INDEX intent.jobs_claimable_since_by_owner IS
+    'The claimable jobs per owner, in the order claim_attempts takes them: a bound session''s claim reads its owner''s part only.';

@@ -1,4 +1,4 @@
 \set k random(1, 9223372036854775806)
-INSERT INTO bench.jobs (id, owner_id, idempotency_key, provider, params)
-VALUES (intent.job_id('owner-' || :client_id, 'key-' || :k), 'owner-' || :client_id, 'key-' || :k, 'gpu-a', '{"prompt": "a cat in a hat", "size": 512}')
+INSERT INTO bench.jobs (id, owner_id, idempotency_key, provider, params, retry_at)
+VALUES (intent.job_id('owner-' || :client_id, 'key-' || :k), 'owner-' || :client_id, 'key-' || :k, 'gpu-a', '{"prompt": "a cat in a hat", "size": 512}', now())
 ON CONFLICT DO NOTHING RETURNING id;

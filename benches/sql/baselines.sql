@@ -6,7 +6,7 @@ CREATE SCHEMA bench;
 -- 1. What "just use INSERT … ON CONFLICT" costs, on the same tables: bench.jobs and
 --    bench.attempts are copies of intent.jobs and intent.attempts (same columns, keys, CHECKs
 --    and indexes), with no protocol at all.
-CREATE TABLE bench.jobs (LIKE intent.jobs INCLUDING ALL);
+CREATE TABLE bench.jobs (LIKE intent.jobs INCLUDING ALL) WITH (fillfactor = 90);
 CREATE TABLE bench.attempts (LIKE intent.attempts INCLUDING ALL);
 ALTER TABLE bench.attempts ADD FOREIGN KEY (job_id) REFERENCES bench.jobs (id) ON DELETE CASCADE;
 
@@ -36,7 +36,7 @@ CREATE TABLE bench.bare_jobs (
 --    isolation policies, owned by a non-superuser, SECURITY DEFINER functions with a pinned
 --    search_path; uniqueness by the constraint, the lookup in a fresh statement, the gate under
 --    a row lock, the compare-and-swap. Errors are raised with the same SQLSTATEs.
-CREATE TABLE bench.p_jobs (LIKE intent.jobs INCLUDING ALL);
+CREATE TABLE bench.p_jobs (LIKE intent.jobs INCLUDING ALL) WITH (fillfactor = 90);
 CREATE TABLE bench.p_attempts (LIKE intent.attempts INCLUDING ALL);
 ALTER TABLE bench.p_attempts ADD FOREIGN KEY (job_id) REFERENCES bench.p_jobs (id) ON DELETE CASCADE;
 CREATE TABLE bench.p_events (LIKE intent.events INCLUDING ALL);
@@ -64,8 +64,8 @@ DECLARE
     v_id uuid := intent.job_id(p_owner, p_key);
     j bench.p_jobs;
 BEGIN
-    INSERT INTO bench.p_jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts)
-    VALUES (v_id, p_owner, p_key, p_provider, p_params, p_contract, p_max_attempts)
+    INSERT INTO bench.p_jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts, retry_at)
+    VALUES (v_id, p_owner, p_key, p_provider, p_params, p_contract, p_max_attempts, statement_timestamp())
     ON CONFLICT DO NOTHING;
     IF FOUND THEN
         RETURN QUERY SELECT v_id, true, 'pending'::intent.job_state, 1::bigint, NULL::jsonb;
@@ -106,7 +106,7 @@ BEGIN
     INSERT INTO bench.p_attempts (id, job_id, owner_id, attempt_no, provider, state, version_read, lease, started_at, deadline)
     VALUES (intent.attempt_id(p_job, n), p_job, j.owner_id, n, j.provider, 'started', j.version, p_lease,
             statement_timestamp(), statement_timestamp() + p_lease);
-    UPDATE bench.p_jobs SET state = 'running', attempt_count = n, updated_at = statement_timestamp() WHERE id = p_job;
+    UPDATE bench.p_jobs SET state = 'running', attempt_count = n, retry_at = NULL, updated_at = statement_timestamp() WHERE id = p_job;
     RETURN QUERY SELECT intent.attempt_id(p_job, n), n, j.version::bigint, statement_timestamp() + p_lease;
 END $$;
 

@@ -121,13 +121,14 @@ calls! {
     ClaimAttempts => "SELECT job_id, attempt_id, attempt_no, version, deadline, provider, params, \
                       contract FROM intent.claim_attempts($1, $2, $3, $4)",
         [TEXT_ARRAY, TEXT, INTERVAL, INT4];
-    // The pending jobs with attempts left whose retry time lies ahead, by the `jobs_claimable`
-    // index; computed on the server so that clock skew does not matter.
+    // The pending jobs with attempts left whose retry time lies ahead, by the
+    // `jobs_claimable_since` index (0.5.0 on; a job claimable now, or with no retry time on an
+    // older catalog, is not ahead); computed on the server so that clock skew does not matter.
     /// How long until the next retry time of a claimable job (reads `intent.jobs`).
-    NextRetryIn => "SELECT extract(epoch FROM min(coalesce(retry_at, updated_at)) \
-                    - statement_timestamp())::float8 FROM intent.jobs \
-                    WHERE state = 'pending' AND attempt_count < max_attempts \
-                    AND coalesce(retry_at, updated_at) > statement_timestamp() \
+    NextRetryIn => "SELECT extract(epoch FROM min(retry_at) - statement_timestamp())::float8 \
+                    FROM intent.jobs \
+                    WHERE retry_at > statement_timestamp() \
+                    AND state = 'pending' AND attempt_count < max_attempts \
                     AND ($1::text[] IS NULL OR provider = ANY ($1))",
         [TEXT_ARRAY];
     /// `intent.record_reconciliation` (pg_intent 0.4.0 on).

@@ -78,14 +78,14 @@ static FIND_JOBS: Statement = Statement {
 /// concurrent inserter of the same key, and every unique index is an arbiter. The rows go in
 /// in id order, whatever the order of the arrays: two batches that share keys then meet them in
 /// the same order, so one waits for the other instead of each waiting for the other (40P01).
-static INSERT_JOBS: Statement = Statement {
+pub(crate) static INSERT_JOBS: Statement = Statement {
     name: "InsertJobs",
     sql: concat!(
         "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts,
-                                   version, created_at, updated_at)
+                                   version, created_at, updated_at, retry_at)
           SELECT u.id, o, k, p, pa, c, m, ",
         first_version_sql!("r.version"),
-        ", $8, $8
+        ", $8, $8, $8
             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::text[], $7::int4[])
                  AS u(id, o, k, p, pa, c, m)
             LEFT JOIN intent.retired_keys r ON r.id = u.id
@@ -397,7 +397,7 @@ fn insert(client: &mut SpiClient<'_>, pending: &[Item], answers: &mut [Option<An
         columns(first.iter().copied(), last);
     let rows = plans::run(
         client,
-        &INSERT_JOBS,
+        crate::store::compat::insert_jobs(&INSERT_JOBS),
         &[
             ids,
             owners,

@@ -4,7 +4,7 @@
 //! A claim is `begin_attempt` for jobs the database picks: pending, attempts left, retry time
 //! passed, longest-waiting first. It locks the jobs it takes `FOR NO KEY UPDATE SKIP LOCKED`, as
 //! every call locks a job before changing it, but never waits for one another transaction holds:
-//! concurrent claimers take disjoint jobs. It scans the partial index `jobs_claimable`, whose
+//! concurrent claimers take disjoint jobs. It scans the partial index `jobs_claimable_since`, whose
 //! size is the queue's, whatever the number of finished jobs.
 
 use crate::claim_start;

@@ -2,7 +2,7 @@
 //! claimed from it, so that its cost does not grow with the row versions an old snapshot keeps
 //! alive (docs/architecture.md § The claim under a held snapshot).
 //!
-//! A claimed job leaves the partial index `jobs_claimable`, but while another session holds a
+//! A claimed job leaves the partial index `jobs_claimable_since`, but while another session holds a
 //! snapshot from before the claim (`pg_dump`, a long report, a client idle in a transaction)
 //! neither the job's old row version nor its index entry can be removed, and every claim that
 //! reads the queue from its start walks them all, one heap visit each: the cost grows with every
@@ -62,7 +62,7 @@ pub struct Queue {
 
 struct Start {
     queue: Queue,
-    /// The newest time (`coalesce(retry_at, updated_at)`) the last claim that took jobs took,
+    /// The newest time (`retry_at` before the claim; `coalesce(retry_at, updated_at)` on an older catalog) the last claim that took jobs took,
     /// and the (sub)transaction that took it (a full transaction id).
     from: Option<(i64, u64)>,
     /// When this backend last read the whole queue.

@@ -19,14 +19,15 @@ use pgrx::spi::SpiClient;
 /// Both unique indexes must be arbiters: a concurrent insert of the same intent collides on the
 /// primary key too (the id is derived from the key), and a collision on a unique index that is
 /// not an arbiter is an error (23505), not a "do nothing".
-static INSERT_JOB: Statement = Statement {
+pub(crate) static INSERT_JOB: Statement = Statement {
     name: "InsertJob",
     // $8, the first version, is above the last version of a purged job of the same key (see
     // store::rules::first_version): a late report from one of the purged job's attempts, whose ids
     // the new job reuses, then presents a version the new job never handed out.
+    // Claimable from now: retry_at is set while a job is claimable (store::rules::clear_retry_sql!).
     sql: "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts,
-                                   version, created_at, updated_at)
-          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
+                                   version, created_at, updated_at, retry_at)
+          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $9)
           ON CONFLICT DO NOTHING
           RETURNING version",
     args: &[
@@ -133,7 +134,7 @@ fn submit(
             let first_version = store::get().first_version(client, job_id);
             let inserted = plans::run(
                 client,
-                &INSERT_JOB,
+                store::compat::insert_job(&INSERT_JOB),
                 &[
                     job_id.into(),
                     owner_id.into(),

@@ -14,8 +14,8 @@ BEGIN
         job_id := j.id; created := false; state := j.state; version := j.version; result := j.result;
     ELSE
         PERFORM pg_sleep(0.05); -- the window every check-then-insert has, made wider
-        INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts)
-        VALUES (intent.job_id($1, $2), $1, $2, $3, $4, $5, $6)
+        INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts, retry_at)
+        VALUES (intent.job_id($1, $2), $1, $2, $3, $4, $5, $6, clock_timestamp())
         ON CONFLICT DO NOTHING;
         job_id := intent.job_id($1, $2); created := true; state := 'pending'; version := 1;
     END IF;

@@ -19,7 +19,7 @@ BEGIN
     LOOP
         jobs := jobs || r.job_id;
     END LOOP;
-    UPDATE intent.jobs j SET state = 'pending' WHERE j.id = ANY (jobs);
+    UPDATE intent.jobs j SET state = 'pending', retry_at = CASE WHEN j.attempt_count < j.max_attempts THEN clock_timestamp() END WHERE j.id = ANY (jobs);
     RETURN cardinality(jobs);
 END
 $$;

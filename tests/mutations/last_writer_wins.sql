@@ -10,7 +10,7 @@ DECLARE
     answer intent.completion := intent.complete_attempt_real($1, $2, $3);
 BEGIN
     IF answer = 'lost' THEN
-        UPDATE intent.jobs j SET state = 'succeeded', result = $3, completed_by = $1
+        UPDATE intent.jobs j SET state = 'succeeded', retry_at = NULL, result = $3, completed_by = $1
          WHERE j.id = intent.job_of($1);
         UPDATE intent.attempts a SET state = 'succeeded' WHERE a.id = $1;
         RETURN 'won';

@@ -11,8 +11,8 @@ DECLARE
     j intent.jobs;
     v bigint;
 BEGIN
-    INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts)
-    VALUES (intent.job_id($1, $2), $1, $2, $3, $4, $5, $6)
+    INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts, retry_at)
+    VALUES (intent.job_id($1, $2), $1, $2, $3, $4, $5, $6, clock_timestamp())
     ON CONFLICT (owner_id, idempotency_key) DO NOTHING
     RETURNING intent.jobs.version INTO v;
     IF v IS NOT NULL THEN

@@ -1824,13 +1824,30 @@ async fn a_distributed_installation_upgrades_with_a_job_in_flight() {
                 .query_one(
                     "SELECT count(*) FROM pg_class i JOIN pg_namespace s ON s.oid = i.relnamespace
                       WHERE s.nspname = 'intent' AND i.relkind = 'i'
-                        AND i.relname ~ '^jobs_claimable_by_owner_[0-9]+$'",
+                        AND i.relname ~ '^jobs_claimable_since_by_owner_[0-9]+$'",
                     &[],
                 )
                 .await
                 .unwrap()
                 .get(0);
             indexed += here;
+            // 0.5.0 keys the claim indexes on retry_at: the older ones are gone from every shard.
+            let old: i64 = w
+                .query_one(
+                    "SELECT count(*) FROM pg_class i JOIN pg_namespace s ON s.oid = i.relnamespace
+                      WHERE s.nspname = 'intent' AND i.relkind = 'i'
+                        AND i.relname ~ '^jobs_claimable(_by_owner)?(_[0-9]+)?$'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(
+                old,
+                0,
+                "from {from}, node {}: the old claim indexes dropped",
+                node.port()
+            );
         }
         assert_eq!(
             indexed, shards,

@@ -1,12 +1,13 @@
 //! Claim order a caller cannot choose (issue 24 § 4), on a real server with real connections.
 //!
-//! - The times a call writes (the queue's order key `coalesce(retry_at, updated_at)`, a lease's
+//! - The times a call writes (the queue's order key `retry_at`, a lease's
 //!   `started_at` and `deadline`) are the clock when the call writes, not the start of the
 //!   caller's statement: a tenant that keeps one statement open (a `DO` block that sleeps, then
 //!   submits) does not place its job ahead of jobs other owners committed meanwhile.
 //! - One instant per call: every time a call writes is the same value.
 //! - A claim by a session bound to one owner takes that owner's jobs only, in queue order, and
 //!   concurrent bound claims take disjoint jobs (`SKIP LOCKED`).
+//! - A job's outcome is a HOT update: the claim indexes read no column it changes.
 
 use pg_intent_tests::*;
 use std::time::Duration;
@@ -228,7 +229,7 @@ async fn a_bound_claim_takes_its_owners_jobs_only_in_order_and_disjoint() {
 }
 
 /// The plan of a bound claim, as `auto_explain` shows it: an ordered scan of its owner's part
-/// of `jobs_claimable_by_owner`, never `jobs_claimable` (the walk through every owner's queue)
+/// of `jobs_claimable_since_by_owner`, never `jobs_claimable` (the walk through every owner's queue)
 /// nor a bitmap scan of the owner's part (a sort of the owner's whole queue),
 /// even when the statistics say that an owner holds half the table (two other owners, 20,000
 /// pending jobs), and on every call (planned once, generically, not per call). No timing is
@@ -239,8 +240,8 @@ async fn a_bound_claim_scans_its_owners_part_of_the_index_only() {
     let admin = db.connect().await;
     admin
         .batch_execute(
-            "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params)
-             SELECT intent.job_id('o-' || (g % 2), 'k-' || g), 'o-' || (g % 2), 'k-' || g, 'gpu-q', '{}'
+            "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, retry_at)
+             SELECT intent.job_id('o-' || (g % 2), 'k-' || g), 'o-' || (g % 2), 'k-' || g, 'gpu-q', '{}', now()
                FROM generate_series(1, 20000) g;
              ANALYZE intent.jobs;",
         )
@@ -264,11 +265,11 @@ async fn a_bound_claim_scans_its_owners_part_of_the_index_only() {
         assert_eq!(claim(&bound, 1).await, Vec::<Uuid>::new(), "a has no job");
         let plans = notices.all().join("\n");
         assert!(
-            plans.contains("Index Scan using jobs_claimable_by_owner on jobs"),
+            plans.contains("Index Scan using jobs_claimable_since_by_owner on jobs"),
             "call {call}: {plans}"
         );
         assert!(
-            !plans.contains("using jobs_claimable on")
+            !plans.contains("using jobs_claimable_since on")
                 && !plans.contains("Bitmap Heap Scan on jobs"),
             "call {call}: not the walk of every owner's queue, nor a sort of the owner's: {plans}"
         );
@@ -285,8 +286,8 @@ async fn a_bound_claims_kept_plan_reads_no_other_owners_rows_as_the_table_grows(
     admin
         .batch_execute(
             "ALTER TABLE intent.jobs SET (autovacuum_enabled = off);
-             INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params)
-             SELECT intent.job_id('a', 'k-' || g), 'a', 'k-' || g, 'gpu-q', '{}'
+             INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, retry_at)
+             SELECT intent.job_id('a', 'k-' || g), 'a', 'k-' || g, 'gpu-q', '{}', now()
                FROM generate_series(1, 10) g;",
         )
         .await
@@ -307,8 +308,8 @@ async fn a_bound_claims_kept_plan_reads_no_other_owners_rows_as_the_table_grows(
     assert_eq!(claim(&bound, 1).await.len(), 1, "the plan is made and kept");
     admin
         .batch_execute(
-            "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params)
-             SELECT intent.job_id('b', 'k-' || g), 'b', 'k-' || g, 'gpu-q', '{}'
+            "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, retry_at)
+             SELECT intent.job_id('b', 'k-' || g), 'b', 'k-' || g, 'gpu-q', '{}', now()
                FROM generate_series(1, 50000) g;",
         )
         .await
@@ -318,7 +319,7 @@ async fn a_bound_claims_kept_plan_reads_no_other_owners_rows_as_the_table_grows(
         assert_eq!(claim(&bound, 1).await.len(), 1, "call {call}");
         let plans = notices.all().join("\n");
         assert!(
-            plans.contains("Index Scan using jobs_claimable_by_owner on jobs"),
+            plans.contains("Index Scan using jobs_claimable_since_by_owner on jobs"),
             "call {call}: {plans}"
         );
         assert!(
@@ -326,4 +327,43 @@ async fn a_bound_claims_kept_plan_reads_no_other_owners_rows_as_the_table_grows(
             "call {call}: the kept plan reads every owner's rows: {plans}"
         );
     }
+}
+
+/// A job's outcome is a HOT update (issue 30 § 2): the claim indexes read `retry_at` alone,
+/// which the claim cleared, so the win changes no column an index of `intent.jobs` reads and,
+/// on a page with room (fillfactor 90), writes no index entry. The claim itself leaves the
+/// queue, which no update can do HOT. Counted in the transaction (`pg_stat_get_xact_*`), so
+/// nothing depends on when statistics are flushed. A claim index keyed on a column the outcome
+/// changes (`updated_at`, `state`) makes it fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_outcome_is_a_hot_update() {
+    let db = Cluster::shared().fresh_db("claim_order_hot").await;
+    let c = db.connect().await;
+    c.batch_execute("BEGIN").await.unwrap();
+    let job = submit(&c, "hot", "k", "gpu-h", &json!({}))
+        .await
+        .unwrap()
+        .job_id;
+    let a = begin(&c, job, None, "1 hour").await.unwrap();
+    assert_eq!(
+        complete(&c, a.attempt_id, a.version, &json!({"r": 1}))
+            .await
+            .unwrap(),
+        "won"
+    );
+    let row = c
+        .query_one(
+            "SELECT pg_stat_get_xact_tuples_updated('intent.jobs'::regclass),
+                    pg_stat_get_xact_tuples_hot_updated('intent.jobs'::regclass)",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (updated, hot): (i64, i64) = (row.get(0), row.get(1));
+    c.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(
+        (updated, hot),
+        (2, 1),
+        "the begin leaves the queue; the win is HOT"
+    );
 }

@@ -222,7 +222,7 @@ async fn batches_and_purge_stop_and_write_nothing() {
     // The same batch runs to completion without a timeout, so the one above really was stopped.
     c.query(sql, &[]).await.unwrap();
     c.batch_execute(
-        "UPDATE intent.jobs SET state = 'cancelled', version = version + 1,
+        "UPDATE intent.jobs SET state = 'cancelled', version = version + 1, retry_at = NULL,
                 created_at = created_at - interval '2 days', updated_at = updated_at - interval '2 days'",
     )
     .await

@@ -224,14 +224,25 @@ async fn every_release_upgrades_to_exactly_a_fresh_install_with_every_row_intact
             rows_of_0_1(&c).await,
             "{from} → {current}: every row intact"
         );
-        let retry_times: i64 = c
-            .query_one("SELECT count(retry_at) FROM intent.jobs", &[])
+        // 0.5.0 keys the claimable queue on retry_at: the claimable jobs (pending, attempts
+        // left) get one, the time they were claimable from before (when they last changed, none
+        // of them having failed); every other job has none.
+        let retry_times: Vec<(String, String, bool)> = c
+            .query(
+                "SELECT idempotency_key::text, state::text, retry_at IS NOT DISTINCT FROM
+                        CASE WHEN state = 'pending' AND attempt_count < max_attempts THEN updated_at END
+                   FROM intent.jobs ORDER BY 1",
+                &[],
+            )
             .await
             .unwrap()
-            .get(0);
-        assert_eq!(
-            retry_times, 0,
-            "{from} → {current}: no job gets a retry time"
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        assert!(
+            retry_times.iter().all(|(_, _, right)| *right)
+                && retry_times.iter().any(|(_, state, _)| state == "pending"),
+            "{from} → {current}: a retry time exactly for the claimable jobs: {retry_times:?}"
         );
         // 0.2.0 records who a checker runs as: the upgrade from 0.1.0 records its owner and no
         // definer; from 0.2.0 on, define_contract recorded its caller.

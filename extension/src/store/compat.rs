@@ -6,9 +6,14 @@
 //! on, until 1.0; a release that drops one says so in its notes, and the library then refuses
 //! the older catalog at call entry ("run ALTER EXTENSION pg_intent UPDATE"). What differs:
 //!
-//! - 0.1.0 and 0.2.0: no `intent.jobs.retry_at` (0.3.0): a new attempt and an abandon do not
-//!   clear it, and a reopened job is claimable at once (no backoff); `fail_attempt` has no
-//!   `retry_after` argument ([`arg_if_declared`]);
+//! - before 0.5.0: the claim indexes are keyed on `coalesce(retry_at, updated_at)` and filtered
+//!   on `state` (0.5.0: on `retry_at` alone, set exactly while a job is claimable): the claim
+//!   orders by that key. The library writes `retry_at` as 0.5.0 does on these catalogs too (set
+//!   at submit and when a job becomes pending, cleared when it leaves the queue for good), which
+//!   gives that key the same order;
+//! - 0.1.0 and 0.2.0: no `intent.jobs.retry_at` (0.3.0): no statement writes it (a submit, a
+//!   win, a final failure, a cancel, a new attempt, an abandon), and a reopened job is claimable
+//!   at once (no backoff); `fail_attempt` has no `retry_after` argument ([`arg_if_declared`]);
 //! - 0.1.0: `intent.contracts` records neither the checker's owner nor its definer (0.2.0),
 //!   and stores the checker as a `regprocedure`.
 //!
@@ -32,6 +37,16 @@ fn has_column(table: &std::ffi::CStr, column: &std::ffi::CStr) -> bool {
 /// `intent.jobs` has `retry_at` (0.3.0 on).
 fn has_retry_at() -> bool {
     has_column(c"jobs", c"retry_at")
+}
+
+/// The claim indexes are keyed on `retry_at` (0.5.0 on): a syscache lookup of the index by name
+/// (nobody but the extension's owner can make a relation in schema `intent`).
+fn claims_by_retry_at() -> bool {
+    // SAFETY: syscache lookups by name.
+    unsafe {
+        let ns = pg_sys::get_namespace_oid(c"intent".as_ptr(), false);
+        pg_sys::get_relname_relid(c"jobs_claimable_since".as_ptr(), ns) != pg_sys::InvalidOid
+    }
 }
 
 /// `intent.contracts` records checker owners and definers (0.2.0 on).
@@ -72,6 +87,157 @@ pub fn start_attempt(current: &'static Statement) -> &'static Statement {
         current
     } else {
         &START_ATTEMPT_0_2
+    }
+}
+
+/// The single node's claim before 0.5.0: ordered by `coalesce(retry_at, updated_at)`.
+static CLAIM_0_4: Statement = Statement {
+    name: "Claim0_4",
+    sql: super::node::claim_sql!("", "", "coalesce(j.retry_at, j.updated_at)", "$6"),
+    args: super::node::CLAIM.args,
+};
+
+/// The single node's bound claim before 0.5.0 (see `node::CLAIM_BOUND`).
+static CLAIM_BOUND_0_4: Statement = Statement {
+    name: "ClaimBound0_4",
+    sql: super::node::claim_sql!(
+        " AND j.owner_id >= $6::text AND j.owner_id <= $6::text AND (j.owner_id = $6::text) IS TRUE",
+        "j.owner_id, ",
+        "coalesce(j.retry_at, j.updated_at)",
+        "$7"
+    ),
+    args: super::node::CLAIM_BOUND.args,
+};
+
+/// The single node's claim (`current`) for this catalog.
+pub fn claim(current: &'static Statement) -> &'static Statement {
+    if claims_by_retry_at() {
+        current
+    } else {
+        &CLAIM_0_4
+    }
+}
+
+/// The single node's bound claim (`current`) for this catalog.
+pub fn claim_bound(current: &'static Statement) -> &'static Statement {
+    if claims_by_retry_at() {
+        current
+    } else {
+        &CLAIM_BOUND_0_4
+    }
+}
+
+/// The distributed claim's candidates before 0.5.0 (see `shards::CLAIM_CANDIDATES`).
+static CLAIM_CANDIDATES_0_4: Statement = Statement {
+    name: "ClaimCandidatesDist0_4",
+    sql: super::shards::claim_candidates_sql!("coalesce(j.retry_at, j.updated_at)"),
+    args: super::shards::CLAIM_CANDIDATES.args,
+};
+
+/// The distributed claim's candidates (`current`) for this catalog.
+pub fn claim_candidates(current: &'static Statement) -> &'static Statement {
+    if claims_by_retry_at() {
+        current
+    } else {
+        &CLAIM_CANDIDATES_0_4
+    }
+}
+
+/// The single node's `COMPLETE` on the catalog of 0.2.0 (no `retry_at` to clear).
+static COMPLETE_0_2: Statement = Statement {
+    name: "Complete0_2",
+    sql: super::node::complete_sql!(super::rules::win_sql!("")),
+    args: super::node::COMPLETE.args,
+};
+
+/// The single node's complete (`current`) for this catalog.
+pub fn complete(current: &'static Statement) -> &'static Statement {
+    if has_retry_at() {
+        current
+    } else {
+        &COMPLETE_0_2
+    }
+}
+
+/// The single node's `CANCEL` on the catalog of 0.2.0 (no `retry_at` to clear).
+static CANCEL_0_2: Statement = Statement {
+    name: "Cancel0_2",
+    sql: super::node::cancel_sql!(super::rules::cancel_job_sql!("$4", "")),
+    args: super::node::CANCEL.args,
+};
+
+/// The single node's cancel (`current`) for this catalog.
+pub fn cancel(current: &'static Statement) -> &'static Statement {
+    if has_retry_at() { current } else { &CANCEL_0_2 }
+}
+
+/// `FAIL_JOB` on the catalog of 0.2.0 (no `retry_at` to clear).
+static FAIL_JOB_0_2: Statement = Statement {
+    name: "FailJob0_2",
+    sql: super::fail_job_sql!(""),
+    args: &[
+        pg_sys::UUIDOID,
+        pg_sys::UUIDOID,
+        pg_sys::JSONBOID,
+        pg_sys::INT8OID,
+        pg_sys::TIMESTAMPTZOID,
+    ],
+};
+
+/// The final failure (`current`) for this catalog.
+pub fn fail_job(current: &'static Statement) -> &'static Statement {
+    if has_retry_at() {
+        current
+    } else {
+        &FAIL_JOB_0_2
+    }
+}
+
+/// submit_job's insert on the catalog of 0.2.0 (no `retry_at`).
+static INSERT_JOB_0_2: Statement = Statement {
+    name: "InsertJob0_2",
+    sql: "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts,
+                                   version, created_at, updated_at)
+          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
+          ON CONFLICT DO NOTHING
+          RETURNING version",
+    args: crate::submit::INSERT_JOB.args,
+};
+
+/// submit_job's insert (`current`) for this catalog.
+pub fn insert_job(current: &'static Statement) -> &'static Statement {
+    if has_retry_at() {
+        current
+    } else {
+        &INSERT_JOB_0_2
+    }
+}
+
+/// submit_jobs' insert on the catalog of 0.2.0 (no `retry_at`).
+static INSERT_JOBS_0_2: Statement = Statement {
+    name: "InsertJobs0_2",
+    sql: concat!(
+        "INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract, max_attempts,
+                                   version, created_at, updated_at)
+          SELECT u.id, o, k, p, pa, c, m, ",
+        super::rules::first_version_sql!("r.version"),
+        ", $8, $8
+            FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::text[], $7::int4[])
+                 AS u(id, o, k, p, pa, c, m)
+            LEFT JOIN intent.retired_keys r ON r.id = u.id
+           ORDER BY u.id
+          ON CONFLICT DO NOTHING
+          RETURNING id, version"
+    ),
+    args: crate::batch::INSERT_JOBS.args,
+};
+
+/// submit_jobs' insert (`current`) for this catalog.
+pub fn insert_jobs(current: &'static Statement) -> &'static Statement {
+    if has_retry_at() {
+        current
+    } else {
+        &INSERT_JOBS_0_2
     }
 }
 

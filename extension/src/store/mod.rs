@@ -179,7 +179,7 @@ pub struct Claimed {
     pub provider: String,
     pub params: Jsonb,
     pub contract: Option<String>,
-    /// Since when it was claimable (`coalesce(retry_at, updated_at)` before the claim).
+    /// Since when it was claimable (its `retry_at` before the claim; `coalesce(retry_at, updated_at)` on an older catalog, store::compat).
     pub since: TimestampWithTimeZone,
 }
 
@@ -287,18 +287,27 @@ pub fn fail_attempt(
     );
 }
 
+/// The final failure of the job (`$clear` as in [`rules::win_sql!`]).
+macro_rules! fail_job_sql {
+    ($clear:expr) => {
+        concat!(
+            "UPDATE intent.jobs
+                 SET state = 'failed', error = $3, completed_by = $1, version = version + 1, ",
+            $clear,
+            "updated_at = $5
+               WHERE id = $2 AND version = $4 AND completed_by IS NULL
+                 AND state IN ",
+            $crate::state::open_job_states_sql!(),
+            " RETURNING 1"
+        )
+    };
+}
+pub(crate) use fail_job_sql;
+
 /// The final failure of the job, by the same compare-and-swap as a win.
 static FAIL_JOB: Statement = Statement {
     name: "FailJob",
-    sql: concat!(
-        "UPDATE intent.jobs
-             SET state = 'failed', error = $3, completed_by = $1, version = version + 1,
-                 updated_at = $5
-           WHERE id = $2 AND version = $4 AND completed_by IS NULL
-             AND state IN ",
-        crate::state::open_job_states_sql!(),
-        " RETURNING 1"
-    ),
+    sql: fail_job_sql!(rules::clear_retry_sql!()),
     args: &[
         pg_sys::UUIDOID,
         pg_sys::UUIDOID,
@@ -318,7 +327,7 @@ pub fn fail_job(
 ) -> bool {
     plans::first(plans::run(
         client,
-        &FAIL_JOB,
+        compat::fail_job(&FAIL_JOB),
         &[
             attempt_id.into(),
             job_id.into(),
@@ -338,11 +347,11 @@ static REOPEN_JOB: Statement = Statement {
     name: "ReopenJob",
     sql: concat!(
         "UPDATE intent.jobs j SET state = 'pending', updated_at = $5,
-                 retry_at = $5 + coalesce($2, ",
+                 retry_at = CASE WHEN j.attempt_count < j.max_attempts THEN $5 + coalesce($2, ",
         backoff_sql!(),
-        ")
+        ") END
            WHERE j.id = $1 AND j.state IN ('running', 'unknown')
-          RETURNING j.retry_at <= j.updated_at"
+          RETURNING coalesce(j.retry_at <= j.updated_at, false)"
     ),
     args: &[
         pg_sys::UUIDOID,

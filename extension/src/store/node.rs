@@ -3,16 +3,16 @@
 //! owner isolation policies left to PostgreSQL's planner.
 
 use super::rules::{
-    abandoned_detail, attempt_abandoned_sql, attempt_returned_sql, attempt_unknown_sql,
-    caller_timeout_detail, cancel_job_sql, cancelled_detail, insert_attempt_sql,
-    job_pending_now_sql, job_running_sql, job_unknown_sql, lapsed_detail, lost_detail, win_sql,
+    abandoned_detail, attempt_abandoned_sql, attempt_unknown_sql, caller_timeout_detail,
+    cancel_job_sql, insert_attempt_sql, job_pending_now_sql, job_running_sql, job_unknown_sql,
+    lapsed_detail, win_sql,
 };
 use super::{
     Abandoned, ClaimAsk, Claimed, Found, Intent, NewAttempt, Presented, Store, compat, direct,
 };
 use crate::jsonb::CallJsonb;
 use crate::plans::{self, Statement};
-use crate::state::{lapsed_sql, open_attempt_states_sql};
+use crate::state::lapsed_sql;
 use pgrx::Uuid;
 use pgrx::datum::{DatumWithOid, Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
@@ -105,27 +105,35 @@ static ABANDON: Statement = Statement {
 
 /// The job ($1) cancelled and logged with its open attempt ($2 reason, $3 previous state, $4
 /// the call's instant).
-static CANCEL: Statement = Statement {
-    name: "Cancel",
-    sql: concat!(
-        "WITH j AS (",
-        cancel_job_sql!("$4"),
-        " RETURNING id, owner_id, version)
+macro_rules! cancel_sql {
+    ($cancel:expr) => {
+        concat!(
+            "WITH j AS (",
+            $cancel,
+            " RETURNING id, owner_id, version)
           INSERT INTO intent.events (job_id, owner_id, kind, detail)
           SELECT j.id, j.owner_id, 'cancelled', ",
-        cancelled_detail!(
-            "$2::text",
-            "$3::text",
-            "j.version",
-            concat!(
-                "(SELECT a.id FROM intent.attempts a WHERE a.job_id = j.id AND a.state IN ",
-                open_attempt_states_sql!(),
-                ")"
-            )
-        ),
-        " FROM j
+            $crate::store::rules::cancelled_detail!(
+                "$2::text",
+                "$3::text",
+                "j.version",
+                concat!(
+                    "(SELECT a.id FROM intent.attempts a WHERE a.job_id = j.id AND a.state IN ",
+                    $crate::state::open_attempt_states_sql!(),
+                    ")"
+                )
+            ),
+            " FROM j
           RETURNING 1"
-    ),
+        )
+    };
+}
+pub(crate) use cancel_sql;
+
+/// [`cancel_sql!`] on this catalog.
+pub(crate) static CANCEL: Statement = Statement {
+    name: "Cancel",
+    sql: cancel_sql!(cancel_job_sql!("$4")),
     args: &[
         pg_sys::UUIDOID,
         pg_sys::TEXTOID,
@@ -136,21 +144,35 @@ static CANCEL: Statement = Statement {
 
 /// The compare-and-swap, the attempt's own outcome and, when it lost, the logged race. `$5`
 /// the attempt's state when the result came.
-static COMPLETE: Statement = Statement {
-    name: "Complete",
-    sql: concat!(
-        "WITH won AS (",
-        win_sql!(),
-        "), a AS (",
-        attempt_returned_sql!("EXISTS (SELECT 1 FROM won)"),
-        "), e AS (
+macro_rules! complete_sql {
+    ($win:expr) => {
+        concat!(
+            "WITH won AS (",
+            $win,
+            "), a AS (",
+            $crate::store::rules::attempt_returned_sql!("EXISTS (SELECT 1 FROM won)"),
+            "), e AS (
               INSERT INTO intent.events (job_id, owner_id, attempt_id, kind, detail)
               SELECT j.id, j.owner_id, $1, 'late_result', ",
-        lost_detail!("j.completed_by", "$4", "j.version", "j.state", "$5::text"),
-        " FROM intent.jobs j
+            $crate::store::rules::lost_detail!(
+                "j.completed_by",
+                "$4",
+                "j.version",
+                "j.state",
+                "$5::text"
+            ),
+            " FROM intent.jobs j
                WHERE j.id = $2 AND NOT EXISTS (SELECT 1 FROM won))
           SELECT EXISTS (SELECT 1 FROM won)"
-    ),
+        )
+    };
+}
+pub(crate) use complete_sql;
+
+/// The compare-and-swap of [`complete_sql!`] on this catalog.
+pub(crate) static COMPLETE: Statement = Statement {
+    name: "Complete",
+    sql: complete_sql!(win_sql!()),
     args: &[
         pg_sys::UUIDOID,
         pg_sys::UUIDOID,
@@ -161,27 +183,36 @@ static COMPLETE: Statement = Statement {
     ],
 };
 
-/// The claim, for a session bound to no owner (`$6` unused) or to the owner `$6`. `c` takes the
+/// The claim, for a session bound to no owner or to the owner `$6`, with `$7` (or `$6`) the
+/// start (crate::claim_start). `$since`: since when a job is claimable, the key of the claim
+/// index (`j.retry_at` from 0.5.0; before, `coalesce(j.retry_at, j.updated_at)`, store::compat). `c` takes the
 /// jobs (skipping those another transaction holds); `a` inserts their attempts as begin_attempt
 /// would (its version, its worker, its lease); `j` marks them running and clears their retry
 /// time. `$5` is the call's instant (crate::clock): what is due, and when the leases start.
 macro_rules! claim_sql {
-    ($owner:literal, $order:literal, $start:literal) => {
+    ($owner:literal, $by_owner:literal, $since:literal, $start:literal) => {
         concat!(
             "WITH c AS (
               SELECT j.id, j.owner_id, j.attempt_count + 1 AS attempt_no, j.version, j.provider, j.params, j.contract,
-                     coalesce(j.retry_at, j.updated_at) AS since
+                     ",
+            $since,
+            " AS since
                 FROM intent.jobs j
                WHERE j.state = 'pending' AND j.attempt_count < j.max_attempts",
             $owner,
             "
-                 AND coalesce(j.retry_at, j.updated_at) <= $5
-                 AND coalesce(j.retry_at, j.updated_at) >= ",
+                 AND ",
+            $since,
+            " <= $5
+                 AND ",
+            $since,
+            " >= ",
             $start,
             "
                  AND ($1::text[] IS NULL OR j.provider = ANY ($1::text[]))
                ORDER BY ",
-            $order,
+            $by_owner,
+            $since,
             "
                LIMIT $4
                  FOR NO KEY UPDATE OF j SKIP LOCKED),
@@ -204,11 +235,13 @@ macro_rules! claim_sql {
     };
 }
 
+pub(crate) use claim_sql;
+
 /// Begins the next attempt of up to `$4` claimable jobs of every owner, longest-waiting first:
-/// the scan of `jobs_claimable`.
-static CLAIM: Statement = Statement {
+/// the scan of `jobs_claimable_since`.
+pub(crate) static CLAIM: Statement = Statement {
     name: "Claim",
-    sql: claim_sql!("", "coalesce(j.retry_at, j.updated_at)", "$6"),
+    sql: claim_sql!("", "", "j.retry_at", "$6"),
     args: &[
         pg_sys::TEXTARRAYOID,
         pg_sys::TEXTOID,
@@ -220,24 +253,25 @@ static CLAIM: Statement = Statement {
 };
 
 /// [`CLAIM`] for a session bound to the owner `$6`: the owner named in the statement, so that it
-/// scans that owner's part of `jobs_claimable_by_owner` (ordered by owner, then the same key)
+/// scans that owner's part of `jobs_claimable_since_by_owner` (ordered by owner, then the same key)
 /// instead of walking every owner's queue and leaving the others' rows to the policies. Its
 /// cost, and so its timing, does not depend on other owners' queues: run with its generic plan
 /// (plans::run_generic), planned once, not for each call from the table's statistics, and
 /// without bitmap scans, so that the plan is the ordered scan of the owner's part that stops
 /// at `$4` jobs. The policies still apply.
-static CLAIM_BOUND: Statement = Statement {
+pub(crate) static CLAIM_BOUND: Statement = Statement {
     name: "ClaimBound",
     // The owner as a range (`>= $6 AND <= $6`, which for a deterministic collation is
     // equality), with the equality itself as a plain filter (`IS TRUE`): an `owner_id = $6`
-    // clause would make owner_id a constant to the planner, so that jobs_claimable (ordered by
+    // clause would make owner_id a constant to the planner, so that jobs_claimable_since (ordered by
     // the queue key alone) would provide the order too, and the plan could walk it and filter
     // the owner, which is what a bound claim must never do (auto_explain showed it chosen, with
-    // two owners in the statistics). As written, only jobs_claimable_by_owner provides the order
+    // two owners in the statistics). As written, only jobs_claimable_since_by_owner provides the order
     // (owner_id, key) and takes the owner as its index condition; any other plan sorts.
     sql: claim_sql!(
         " AND j.owner_id >= $6::text AND j.owner_id <= $6::text AND (j.owner_id = $6::text) IS TRUE",
-        "j.owner_id, coalesce(j.retry_at, j.updated_at)",
+        "j.owner_id, ",
+        "j.retry_at",
         "$7"
     ),
     args: &[
@@ -356,7 +390,7 @@ impl Store for Node {
     ) -> bool {
         plans::first(plans::run(
             client,
-            &CANCEL,
+            compat::cancel(&CANCEL),
             &[
                 job_id.into(),
                 reason.into(),
@@ -370,7 +404,7 @@ impl Store for Node {
     fn complete(&self, client: &mut SpiClient<'_>, p: &Presented<'_>) -> bool {
         let row = plans::first(plans::run(
             client,
-            &COMPLETE,
+            compat::complete(&COMPLETE),
             &[
                 p.attempt_id.into(),
                 p.job_id.into(),
@@ -409,12 +443,12 @@ impl Store for Node {
             start.into(),
         ];
         let rows = match &bound {
-            None => plans::run(client, &CLAIM, &args),
+            None => plans::run(client, compat::claim(&CLAIM), &args),
             Some(owner) => {
                 let [providers, worker, lease, max_jobs, now, start] = args;
                 plans::run_generic(
                     client,
-                    &CLAIM_BOUND,
+                    compat::claim_bound(&CLAIM_BOUND),
                     &[
                         providers,
                         worker,

@@ -36,15 +36,31 @@ macro_rules! backoff_sql {
 }
 pub(crate) use backoff_sql;
 
+/// A job that leaves the claimable queue for good (a win, a final failure, a cancel) has no
+/// retry time: `retry_at` is set exactly while a job is claimable (jobs_retry_at_when_claimable),
+/// so that the claim indexes read that one column and these updates are HOT.
+macro_rules! clear_retry_sql {
+    () => {
+        "retry_at = NULL, "
+    };
+}
+pub(crate) use clear_retry_sql;
+
 /// The compare-and-swap of a result: the job takes it only at the version the attempt was given
-/// and only while no outcome is recorded and the job is open. `$1` the attempt, `$2` the job,
-/// `$3` the result, `$4` the version, `$6` the call's instant.
+/// and only while no outcome is recorded and the job is open; it leaves the claimable queue
+/// (a late result can win a pending job). `$1` the attempt, `$2` the job, `$3` the result, `$4`
+/// the version, `$6` the call's instant. `$clear`: [`clear_retry_sql!`], or nothing on a catalog
+/// without `retry_at` (store::compat).
 macro_rules! win_sql {
     () => {
+        $crate::store::rules::win_sql!($crate::store::rules::clear_retry_sql!())
+    };
+    ($clear:expr) => {
         concat!(
             "UPDATE intent.jobs
-                SET state = 'succeeded', result = $3, completed_by = $1, version = version + 1,
-                    updated_at = $6
+                SET state = 'succeeded', result = $3, completed_by = $1, version = version + 1, ",
+            $clear,
+            "updated_at = $6
               WHERE id = $2 AND version = $4 AND completed_by IS NULL AND state IN ",
             $crate::state::open_job_states_sql!(),
             " RETURNING version"
@@ -108,11 +124,15 @@ macro_rules! attempt_abandoned_sql {
 }
 pub(crate) use attempt_abandoned_sql;
 
-/// A job whose attempt was abandoned is claimable at once (no retry time).
+/// A job whose attempt was abandoned is claimable at once (its retry time is now), if it has
+/// attempts left.
 macro_rules! job_pending_now_sql {
     ($job:expr, $now:expr) => {
         concat!(
-            "UPDATE intent.jobs SET state = 'pending', retry_at = NULL, updated_at = ",
+            "UPDATE intent.jobs SET state = 'pending',
+                    retry_at = CASE WHEN attempt_count < max_attempts THEN ",
+            $now,
+            "::timestamptz END, updated_at = ",
             $now,
             " WHERE id = ",
             $job,
@@ -123,11 +143,16 @@ macro_rules! job_pending_now_sql {
 pub(crate) use job_pending_now_sql;
 
 /// An open job (`$1`) is cancelled: version + 1 makes every attempt still out there lose its
-/// compare-and-swap.
+/// compare-and-swap; it leaves the claimable queue. `$clear` as in [`win_sql!`].
 macro_rules! cancel_job_sql {
     ($now:expr) => {
+        $crate::store::rules::cancel_job_sql!($now, $crate::store::rules::clear_retry_sql!())
+    };
+    ($now:expr, $clear:expr) => {
         concat!(
-            "UPDATE intent.jobs SET state = 'cancelled', version = version + 1, updated_at = ",
+            "UPDATE intent.jobs SET state = 'cancelled', version = version + 1, ",
+            $clear,
+            "updated_at = ",
             $now,
             " WHERE id = $1 AND state IN ",
             $crate::state::open_job_states_sql!()

@@ -16,7 +16,7 @@ use super::rules::{
     job_pending_now_sql, job_running_sql, job_unknown_sql, lapsed_detail, lost_detail, win_sql,
 };
 use super::{
-    Abandoned, ClaimAsk, Claimed, Comparison, Found, Intent, NewAttempt, Presented, Store,
+    Abandoned, ClaimAsk, Claimed, Comparison, Found, Intent, NewAttempt, Presented, Store, compat,
     job_facts, job_of,
 };
 use crate::jsonb::{CallJsonb, Jsonb};
@@ -220,17 +220,37 @@ static FIRST_VERSION: Statement = Statement {
 /// rows of many shards with SKIP LOCKED), merged on the coordinator, longest-waiting first; a
 /// bound session's own jobs only. `($5, $6)`: the last candidate of the previous page (NULL for
 /// the first), so that candidates another transaction holds do not end the claim.
-static CLAIM_CANDIDATES: Statement = Statement {
-    name: "ClaimCandidatesDist",
-    sql: "SELECT j.id, coalesce(j.retry_at, j.updated_at) FROM intent.jobs j
+macro_rules! claim_candidates_sql {
+    ($since:literal) => {
+        concat!(
+            "SELECT j.id, ",
+            $since,
+            " FROM intent.jobs j
            WHERE j.state = 'pending' AND j.attempt_count < j.max_attempts
-             AND coalesce(j.retry_at, j.updated_at) <= $4
+             AND ",
+            $since,
+            " <= $4
              AND ($1::text[] IS NULL OR j.provider = ANY ($1::text[]))
              AND ($3::text IS NULL OR j.owner_id = $3)
-             AND coalesce(j.retry_at, j.updated_at) >= $7
-             AND ($5::timestamptz IS NULL OR (coalesce(j.retry_at, j.updated_at), j.id) > ($5::timestamptz, $6::uuid))
-           ORDER BY coalesce(j.retry_at, j.updated_at), j.id
-           LIMIT $2",
+             AND ",
+            $since,
+            " >= $7
+             AND ($5::timestamptz IS NULL OR (",
+            $since,
+            ", j.id) > ($5::timestamptz, $6::uuid))
+           ORDER BY ",
+            $since,
+            ", j.id
+           LIMIT $2"
+        )
+    };
+}
+pub(crate) use claim_candidates_sql;
+
+/// [`claim_candidates_sql!`] keyed on `retry_at` (0.5.0; before, store::compat).
+pub(crate) static CLAIM_CANDIDATES: Statement = Statement {
+    name: "ClaimCandidatesDist",
+    sql: claim_candidates_sql!("j.retry_at"),
     args: &[
         pg_sys::TEXTARRAYOID,
         pg_sys::INT4OID,
@@ -628,7 +648,7 @@ impl Store for Shards {
         for _ in 0..MAX_CANDIDATE_PAGES {
             let candidates: Vec<(Uuid, TimestampWithTimeZone)> = plans::run(
                 client,
-                &CLAIM_CANDIDATES,
+                compat::claim_candidates(&CLAIM_CANDIDATES),
                 &[
                     ask.providers.clone().into(),
                     page.into(),

@@ -44,12 +44,12 @@ SELECT indexrelid::regclass AS index, pg_get_indexdef(indexrelid) AS definition
 --    catches it first, because the id is derived from that very pair.
 SELECT job_id FROM intent.submit_job('ivy', 'k', 'p', '{}');
 \set VERBOSITY terse
-INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params)
-VALUES (intent.job_id('ivy', 'k'), 'ivy', 'k', 'p', '{"other": true}');
+INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, retry_at)
+VALUES (intent.job_id('ivy', 'k'), 'ivy', 'k', 'p', '{"other": true}', now());
 \echo SQLSTATE :SQLSTATE
 -- An id that is not the derived one is a check violation (23514), for jobs and attempts.
-INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params)
-VALUES (gen_random_uuid(), 'ivy', 'k2', 'p', '{}');
+INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, retry_at)
+VALUES (gen_random_uuid(), 'ivy', 'k2', 'p', '{}', now());
 \echo SQLSTATE :SQLSTATE
 INSERT INTO intent.attempts (id, job_id, owner_id, attempt_no, provider, version_read, lease, deadline)
 VALUES (intent.attempt_id(intent.job_id('ivy', 'k'), 2), intent.job_id('ivy', 'k'), 'ivy', 1, 'p', 1, '1 hour', now() + '1 hour');
@@ -69,13 +69,20 @@ VALUES (intent.attempt_id(intent.job_id('ivy', 'k'), 2), intent.job_id('ivy', 'k
 INSERT INTO intent.events (job_id, owner_id, attempt_id, kind)
 VALUES (intent.job_id('ivy', 'k'), 'ivy', intent.attempt_id(intent.job_id('ivy', 'other'), 1), 'timeout');
 \echo SQLSTATE :SQLSTATE
+-- A job has a retry time exactly while it is claimable (pending, attempts left): the claim
+-- indexes read that column alone (23514 for a job running with one, or pending without).
+SELECT state FROM intent.submit_job('ivy', 'queued', 'p', '{}');
+UPDATE intent.jobs SET state = 'running' WHERE id = intent.job_id('ivy', 'queued');
+\echo SQLSTATE :SQLSTATE
+UPDATE intent.jobs SET retry_at = NULL WHERE id = intent.job_id('ivy', 'queued');
+\echo SQLSTATE :SQLSTATE
 -- Nor be of a kind the protocol does not know (23514).
 INSERT INTO intent.events (job_id, owner_id, kind) VALUES (intent.job_id('ivy', 'k'), 'ivy', 'retried');
 \echo SQLSTATE :SQLSTATE
 -- A job names a defined contract (foreign key, 23503), and a contract that a job names cannot
 -- be deleted (23503). image-v1 is defined in setup.
-INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract)
-VALUES (intent.job_id('ivy', 'k3'), 'ivy', 'k3', 'p', '{}', 'no-such-contract');
+INSERT INTO intent.jobs (id, owner_id, idempotency_key, provider, params, contract, retry_at)
+VALUES (intent.job_id('ivy', 'k3'), 'ivy', 'k3', 'p', '{}', 'no-such-contract', now());
 \echo SQLSTATE :SQLSTATE
 SELECT job_id FROM intent.submit_job('ivy', 'contracted', 'p', '{}', 'image-v1');
 DELETE FROM intent.contracts WHERE name = 'image-v1';
