@@ -6,38 +6,50 @@
 # of a per cent is real. It counts work, not time (cache misses and locks are not in it): use
 # it beside benches/run.py, not instead of it.
 #
-# Usage: bash benches/instructions.sh OLD_LIB NEW_LIB [PG_BIN]
-#   OLD_LIB, NEW_LIB: pg_intent.so files built for the same major with the same schema
+# Usage: bash benches/instructions.sh OLD_LIB NEW_LIB [PG_BIN [OLD_PG_BIN]]
+#   OLD_LIB, NEW_LIB: pg_intent.so files built for the same major
 #   PG_BIN: a PostgreSQL bin directory whose lib/ holds the extension (default Debian's 15);
 #           the library file there is swapped for each run and put back at the end.
+#   OLD_PG_BIN: when the two builds have different schemas, a second installation of the same
+#           PostgreSQL build holding the old build's SQL files: the old side runs there, each
+#           side in a database made by its own CREATE EXTENSION (default: PG_BIN, one schema).
 set -euo pipefail
 OLD="$(realpath "$1")"
 NEW="$(realpath "$2")"
 PG_BIN="${3:-/usr/lib/postgresql/15/bin}"
-LIB="$("$PG_BIN/pg_config" --pkglibdir)/pg_intent.so"
+OLD_PG_BIN="${4:-$PG_BIN}"
 command -v valgrind >/dev/null || { echo "valgrind is needed" >&2; exit 1; }
 as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 
 WORK="$(mktemp -d /tmp/pg_intent_instructions.XXXXXX)"
 chmod 777 "$WORK"
-SAVED="$WORK/saved.so"
-cp "$LIB" "$SAVED"
-trap 'cp "$SAVED" "$LIB.ab" && mv "$LIB.ab" "$LIB"; rm -rf "$WORK"' EXIT
+declare -A BIN LIB
+BIN[old]="$OLD_PG_BIN"; BIN[new]="$PG_BIN"
+for side in old new; do
+  LIB[$side]="$("${BIN[$side]}/pg_config" --pkglibdir)/pg_intent.so"
+  cp "${LIB[$side]}" "$WORK/saved-$side.so"
+done
+trap 'for side in old new; do cp "$WORK/saved-$side.so" "${LIB[$side]}.ab" && mv "${LIB[$side]}.ab" "${LIB[$side]}"; done; rm -rf "$WORK"' EXIT
 
-single() { # single DATADIR DB < SQL: a single-user backend
-  as_pg "$PG_BIN/postgres" --single -D "$1" -c synchronous_commit=off "$2" >/dev/null 2>&1
+single() { # single BIN DATADIR DB < SQL: a single-user backend
+  as_pg "$1/postgres" --single -D "$2" -c synchronous_commit=off "$3" >/dev/null 2>&1
 }
-as_pg "$PG_BIN/initdb" -D "$WORK/pristine" -U postgres --auth=trust >/dev/null
-echo "CREATE DATABASE bench;" | single "$WORK/pristine" postgres
-echo "CREATE EXTENSION pg_intent;" | single "$WORK/pristine" bench
+for side in old new; do
+  cp "$([ "$side" = old ] && echo "$OLD" || echo "$NEW")" "${LIB[$side]}.ab" && mv "${LIB[$side]}.ab" "${LIB[$side]}"
+  as_pg "${BIN[$side]}/initdb" -D "$WORK/pristine-$side" -U postgres --auth=trust >/dev/null
+  echo "CREATE DATABASE bench;" | single "${BIN[$side]}" "$WORK/pristine-$side" postgres
+  echo "CREATE EXTENSION pg_intent;" | single "${BIN[$side]}" "$WORK/pristine-$side" bench
+done
 
-# count LIB SQL: the instructions of one single-user backend running SQL, from the pristine copy.
+# count SIDE LIB SQL: the instructions of one single-user backend running SQL, from the side's
+# pristine copy.
 count() {
-  cp "$1" "$LIB.ab" && mv "$LIB.ab" "$LIB"
-  rm -rf "$WORK/data" && cp -a "$WORK/pristine" "$WORK/data"
+  local side="$1" bin="${BIN[$1]}"
+  cp "$2" "${LIB[$side]}.ab" && mv "${LIB[$side]}.ab" "${LIB[$side]}"
+  rm -rf "$WORK/data" && cp -a "$WORK/pristine-$side" "$WORK/data"
   # Single-user mode ends a statement at each newline: one line per statement.
-  echo "${2//$'\n'/ }" | as_pg valgrind --tool=callgrind --callgrind-out-file="$WORK/out" \
-    "$PG_BIN/postgres" --single -D "$WORK/data" -c synchronous_commit=off bench >/dev/null 2>&1
+  echo "${3//$'\n'/ }" | as_pg valgrind --tool=callgrind --callgrind-out-file="$WORK/out" \
+    "$bin/postgres" --single -D "$WORK/data" -c synchronous_commit=off bench >/dev/null 2>&1
   awk '/^(summary|totals):/ { print $2; exit }' "$WORK/out"
 }
 
@@ -76,12 +88,12 @@ printf '%-34s %14s %14s %10s\n' "per call" "old" "new" "new÷old"
 declare -A base
 for side in old new; do
   lib="$OLD"; [ "$side" = new ] && lib="$NEW"
-  base[$side]="$(count "$lib" "SELECT 1;")"
+  base[$side]="$(count "$side" "$lib" "SELECT 1;")"
 done
 row() { # row LABEL SQL DIVISOR [SUBTRACT_LABEL]
   local o n
-  o=$(( ($(count "$OLD" "$2") - base[old]) ))
-  n=$(( ($(count "$NEW" "$2") - base[new]) ))
+  o=$(( ($(count old "$OLD" "$2") - base[old]) ))
+  n=$(( ($(count new "$NEW" "$2") - base[new]) ))
   echo "$1 $o $n $3"
 }
 {

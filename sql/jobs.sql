@@ -37,11 +37,12 @@ CREATE TABLE intent.jobs (
     CONSTRAINT jobs_result_only_when_succeeded CHECK (result IS NULL OR state = 'succeeded'),
     -- Every attempt of a job shares the job's 14 leading bytes.
     CONSTRAINT jobs_completed_by_is_own_attempt
-        CHECK (completed_by IS NULL OR intent.job_of(completed_by) = id),
-    -- The claimable queue is the jobs with a retry_at (jobs_claimable_since): a job has one
-    -- exactly while it is pending with attempts left.
-    CONSTRAINT jobs_retry_at_when_claimable
-        CHECK ((retry_at IS NOT NULL) = (state = 'pending' AND attempt_count < max_attempts))
+        CHECK (completed_by IS NULL OR intent.job_of(completed_by) = id)
+    -- retry_at is set exactly while a job is pending with attempts left: the claimable queue
+    -- is the jobs that have one (jobs_claimable_since). Not a CHECK: PostgreSQL rebuilds a
+    -- table's CHECK expressions from their text at every INSERT and UPDATE, and this one cost 9 %
+    -- of a submit's instructions (docs/architecture.md § Row versions); the statements that
+    -- write retry_at are in extension/src/store/rules.rs, and the tests check the rule.
 )
 -- Room on each page for the new version of a job's HOT updates (its outcome, its state).
 WITH (fillfactor = 90);
@@ -90,7 +91,6 @@ COMMENT ON CONSTRAINT jobs_pkey ON intent.jobs IS 'The derived id: every layer c
 COMMENT ON CONSTRAINT jobs_attempt_count_range ON intent.jobs IS 'No more attempts than max_attempts (IJ006 is the API''s side of it).';
 COMMENT ON CONSTRAINT jobs_result_only_when_succeeded ON intent.jobs IS 'Only a win puts a result on the job.';
 COMMENT ON CONSTRAINT jobs_completed_by_is_own_attempt ON intent.jobs IS 'The attempt whose outcome stands belongs to this job.';
-COMMENT ON CONSTRAINT jobs_retry_at_when_claimable ON intent.jobs IS 'retry_at is set exactly while the job is claimable (pending, with attempts left): the claimable queue is the jobs that have one.';
 COMMENT ON INDEX intent.jobs_pkey IS 'Finds a job by its derived id (every call but submit_job).';
 COMMENT ON INDEX intent.jobs_owner_key_unique IS 'One job per intent: the index behind jobs_owner_key_unique.';
 
@@ -100,7 +100,7 @@ CREATE INDEX jobs_created_at ON intent.jobs USING brin (created_at);
 COMMENT ON INDEX intent.jobs_created_at IS 'Finds old jobs for intent.purge(); BRIN, cheap to maintain.';
 
 -- For intent.claim_attempts(): the jobs that may begin an attempt now, longest-waiting first.
--- retry_at is set exactly while a job is claimable (jobs_retry_at_when_claimable), to the time
+-- retry_at is set exactly while a job is claimable (pending, attempts left), to the time
 -- it may be claimed from: when it became pending, or its retry time. Keyed and filtered on that
 -- one column, so that a transition that leaves it NULL (a win, a failure, a cancel, a job
 -- becoming unknown) changes no column an index reads and is a HOT update; partial, so that its

@@ -8,7 +8,7 @@
 --     a schema Citus propagates failed, for every role;
 --   * retry_at is set exactly while a job is claimable and keys the claim indexes
 --     (jobs_claimable_since, jobs_claimable_since_by_owner replace jobs_claimable and
---     jobs_claimable_by_owner), with a check and fillfactor 90: a job's outcome is a HOT update.
+--     jobs_claimable_by_owner), with fillfactor 90: a job's outcome is a HOT update.
 
 \echo Use "ALTER EXTENSION pg_intent UPDATE TO '0.5.0'" to load this file. \quit
 
@@ -119,12 +119,6 @@ BEGIN
          WHERE retry_at IS NOT NULL
            AND NOT (state OPERATOR(pg_catalog.=) 'pending' AND attempt_count OPERATOR(pg_catalog.<) max_attempts);
     END IF;
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_constraint k
-                    WHERE k.conrelid OPERATOR(pg_catalog.=) 'intent.jobs'::pg_catalog.regclass
-                      AND k.conname OPERATOR(pg_catalog.=) 'jobs_retry_at_when_claimable') THEN
-        EXECUTE $sql$ALTER TABLE intent.jobs ADD CONSTRAINT jobs_retry_at_when_claimable
-            CHECK ((retry_at IS NOT NULL) = (state = 'pending' AND attempt_count < max_attempts))$sql$;
-    END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_class c
                     WHERE c.oid OPERATOR(pg_catalog.=) 'intent.jobs'::pg_catalog.regclass
                       AND 'fillfactor=90' OPERATOR(pg_catalog.=) ANY (c.reloptions)) THEN
@@ -153,7 +147,6 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON CONSTRAINT jobs_retry_at_when_claimable ON intent.jobs IS 'retry_at is set exactly while the job is claimable (pending, with attempts left): the claimable queue is the jobs that have one.';
 COMMENT ON COLUMN intent.jobs.retry_at IS
     'While the job is claimable (pending, with attempts left): when claim_attempts may begin its next attempt, the time it became pending, or after a retryable failure its retry time (fail_attempt''s retry_after, or the backoff of intent.retry_backoff). NULL while it is not claimable (running, unknown, finished, or no attempts left). begin_attempt is not held back by it.';
 COMMENT ON INDEX intent.jobs_claimable_since IS

@@ -339,6 +339,13 @@ const INVARIANTS: &[(&str, &str)] = &[
                   ELSE false END",
     ),
     (
+        "a job has a retry time exactly while it is claimable (the claim indexes read it)",
+        "SELECT format('job %s is %s with %s of %s attempts and retry_at %s',
+                       id, state, attempt_count, max_attempts, coalesce(retry_at::text, 'NULL'))
+           FROM intent.jobs
+          WHERE (retry_at IS NOT NULL) <> (state = 'pending' AND attempt_count < max_attempts)",
+    ),
+    (
         "attempts belong to their job's owner",
         "SELECT format('attempt %s has owner %s, its job %s', a.id, a.owner_id, j.owner_id)
            FROM intent.attempts a JOIN intent.jobs j ON j.id = a.job_id

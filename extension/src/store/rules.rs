@@ -37,7 +37,7 @@ macro_rules! backoff_sql {
 pub(crate) use backoff_sql;
 
 /// A job that leaves the claimable queue for good (a win, a final failure, a cancel) has no
-/// retry time: `retry_at` is set exactly while a job is claimable (jobs_retry_at_when_claimable),
+/// retry time: `retry_at` is set exactly while a job is claimable (pending, attempts left),
 /// so that the claim indexes read that one column and these updates are HOT.
 macro_rules! clear_retry_sql {
     () => {

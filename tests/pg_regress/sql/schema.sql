@@ -69,13 +69,6 @@ VALUES (intent.attempt_id(intent.job_id('ivy', 'k'), 2), intent.job_id('ivy', 'k
 INSERT INTO intent.events (job_id, owner_id, attempt_id, kind)
 VALUES (intent.job_id('ivy', 'k'), 'ivy', intent.attempt_id(intent.job_id('ivy', 'other'), 1), 'timeout');
 \echo SQLSTATE :SQLSTATE
--- A job has a retry time exactly while it is claimable (pending, attempts left): the claim
--- indexes read that column alone (23514 for a job running with one, or pending without).
-SELECT state FROM intent.submit_job('ivy', 'queued', 'p', '{}');
-UPDATE intent.jobs SET state = 'running' WHERE id = intent.job_id('ivy', 'queued');
-\echo SQLSTATE :SQLSTATE
-UPDATE intent.jobs SET retry_at = NULL WHERE id = intent.job_id('ivy', 'queued');
-\echo SQLSTATE :SQLSTATE
 -- Nor be of a kind the protocol does not know (23514).
 INSERT INTO intent.events (job_id, owner_id, kind) VALUES (intent.job_id('ivy', 'k'), 'ivy', 'retried');
 \echo SQLSTATE :SQLSTATE
