@@ -145,8 +145,8 @@ mod worker;
 pub use calls::{
     MAX_REASON_CHARS, abandon_attempt, begin_attempt, bind_owner, cancel_job, certify_provider,
     claim_attempts, complete_attempt, define_contract, fail_attempt, fail_attempt_after,
-    get_attempt, get_job, heartbeat, mark_unknown, next_retry_in, record_reconciliation,
-    revoke_certification, submit_job, sweep, unknown_attempts, validate_result,
+    get_attempt, get_job, heartbeat, mark_unknown, next_retry_in, purge, record_reconciliation,
+    retention, revoke_certification, submit_job, sweep, unknown_attempts, validate_result,
 };
 pub use error::{Error, Unreported};
 pub use exec::{
@@ -204,6 +204,8 @@ mod tests {
     ) {
         fn send<T: Send>(_: T) {}
         send(sweep(obj));
+        send(purge(obj, None, 100));
+        send(retention(obj));
         let worker = Worker::new(obj, std::time::Duration::from_secs(1));
         send(worker.run(id, None, |_| async { Ok::<_, WorkError<()>>(()) }));
         let runner = Runner::new(pool, std::time::Duration::from_secs(1));
