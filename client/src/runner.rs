@@ -249,16 +249,29 @@ pub struct Runner<C> {
     grace: Duration,
     wake: Arc<Notify>,
     on_event: Option<EventHook>,
-    /// How it purges; `None`: it does not.
-    purge: Option<PurgeSettings>,
+    /// How it purges.
+    purge: PurgeSettings,
 }
 
 /// How a [`Runner`] purges.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct PurgeSettings {
+    /// Whether it purges at all ([`Runner::purge`]; the others only set how).
+    on: bool,
     every: Duration,
     batch: u32,
     pause: Duration,
+}
+
+impl Default for PurgeSettings {
+    fn default() -> Self {
+        PurgeSettings {
+            on: true,
+            every: DEFAULT_PURGE_EVERY,
+            batch: DEFAULT_PURGE_BATCH,
+            pause: DEFAULT_PURGE_PAUSE,
+        }
+    }
 }
 
 impl<C> std::fmt::Debug for Runner<C> {
@@ -333,11 +346,7 @@ impl<C: Connections> Runner<C> {
             grace: Duration::from_secs(30),
             wake: Arc::new(Notify::new()),
             on_event: None,
-            purge: Some(PurgeSettings {
-                every: DEFAULT_PURGE_EVERY,
-                batch: DEFAULT_PURGE_BATCH,
-                pause: DEFAULT_PURGE_PAUSE,
-            }),
+            purge: PurgeSettings::default(),
         }
     }
 
@@ -463,58 +472,28 @@ impl<C: Connections> Runner<C> {
     /// It needs `EXECUTE` on `intent.purge` (`intent_operator`); without it the runner says so
     /// once ([`Event::PurgeFailed`]) and stops purging.
     pub fn purge_every(mut self, every: Duration) -> Self {
-        let every = every.max(Duration::from_millis(10));
-        let settings = self.purge.get_or_insert(PurgeSettings {
-            every,
-            batch: DEFAULT_PURGE_BATCH,
-            pause: DEFAULT_PURGE_PAUSE,
-        });
-        settings.every = every;
+        self.purge.every = every.max(Duration::from_millis(10));
         self
     }
 
     /// The most jobs one purge call removes (1 to 100,000; default 500).
     pub fn purge_batch(mut self, jobs: u32) -> Self {
-        let jobs = jobs.clamp(1, pg_intent_protocol::limits::MAX_PURGE_BATCH as u32);
-        if let Some(p) = &mut self.purge {
-            p.batch = jobs;
-        } else {
-            self.purge = Some(PurgeSettings {
-                every: DEFAULT_PURGE_EVERY,
-                batch: jobs,
-                pause: DEFAULT_PURGE_PAUSE,
-            });
-        }
+        self.purge.batch = jobs.clamp(1, pg_intent_protocol::limits::MAX_PURGE_BATCH as u32);
         self
     }
 
     /// The pause between two batches of one purge while batches come back full (default half a
     /// second).
     pub fn purge_pause(mut self, pause: Duration) -> Self {
-        if let Some(p) = &mut self.purge {
-            p.pause = pause;
-        } else {
-            self.purge = Some(PurgeSettings {
-                every: DEFAULT_PURGE_EVERY,
-                batch: DEFAULT_PURGE_BATCH,
-                pause,
-            });
-        }
+        self.purge.pause = pause;
         self
     }
 
-    /// Whether the runner purges at all (default on). Off: schedule `intent.purge()` elsewhere
-    /// (pg_cron, docs/scheduling.md), or finished jobs are kept for ever.
+    /// Whether the runner purges at all (default on; [`Runner::purge_every`] and the others
+    /// only say how). Off: schedule `intent.purge()` elsewhere (pg_cron, docs/scheduling.md),
+    /// or finished jobs are kept for ever.
     pub fn purge(mut self, on: bool) -> Self {
-        self.purge = match (on, self.purge) {
-            (false, _) => None,
-            (true, Some(p)) => Some(p),
-            (true, None) => Some(PurgeSettings {
-                every: DEFAULT_PURGE_EVERY,
-                batch: DEFAULT_PURGE_BATCH,
-                pause: DEFAULT_PURGE_PAUSE,
-            }),
-        };
+        self.purge.on = on;
         self
     }
 
@@ -573,8 +552,12 @@ impl<C: Connections> Runner<C> {
         let mut watch_retries = self.watch_retries;
         // The purge: a task of its own, so that a batch never delays a claim.
         let (purge_stop, purge_stopped) = watch::channel(false);
-        let purger = self.purge.map(|settings| {
-            tokio::spawn(purge_loop(shared.clone(), settings, purge_stopped.clone()))
+        let purger = self.purge.on.then(|| {
+            tokio::spawn(purge_loop(
+                shared.clone(),
+                self.purge,
+                purge_stopped.clone(),
+            ))
         });
 
         let mut more = true; // claim at the next turn
