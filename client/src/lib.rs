@@ -7,7 +7,8 @@
 //! * **One function per SQL function**, typed end to end: [`submit_job`], [`begin_attempt`],
 //!   [`claim_attempts`], [`complete_attempt`], [`fail_attempt`] (and [`fail_attempt_after`],
 //!   with its retry delay), [`mark_unknown`], [`heartbeat`],
-//!   [`abandon_attempt`], [`cancel_job`], [`sweep`], [`validate_result`], and for
+//!   [`abandon_attempt`], [`cancel_job`], [`sweep`], [`purge`] (and [`retention`], the setting
+//!   it uses), [`validate_result`], and for
 //!   administrators [`define_contract`], [`certify_provider`], [`revoke_certification`]. Ids
 //!   are [`Uuid`]s, states are enums ([`JobState`], [`AttemptState`], [`Completion`]), params
 //!   and results are any `Serialize` / `DeserializeOwned`. The fencing token is inside the

@@ -193,6 +193,10 @@ type EventHook = Arc<dyn Fn(Event) + Send + Sync>;
 /// * **Runs each attempt by the protocol**, as [`Worker`] does: heartbeats while the work runs,
 ///   the caller's timeout → `unknown` (never `failed`), the report with the attempt's own
 ///   version, the work stopped when a heartbeat says so.
+/// * **Keeps the tables bounded**: every minute ([`Runner::purge_every`]) it purges finished
+///   jobs past the database's retention (`intent.retention`, 7 days by default), in bounded
+///   batches with a pause between them, on a task of its own; [`Runner::purge`]`(false)` turns
+///   it off. After a purge the same key creates a new job.
 /// * **Shuts down gracefully**: when the `shutdown` future of [`Runner::run`] resolves, it stops
 ///   claiming, lets running attempts finish within the grace period ([`Runner::grace`]), then
 ///   marks the rest `unknown` with the reason [`SHUTDOWN_REASON`] — never `failed`: their
