@@ -141,7 +141,9 @@ pub enum Event {
     /// A purge failed; the runner tries again at the next period. Without `EXECUTE` on
     /// `intent.purge` (`42501`: the runner's role is not in `intent_operator`) it stops purging
     /// for the rest of the run: schedule `intent.purge()` with pg_cron instead
-    /// (docs/scheduling.md), or grant the role `intent_operator`.
+    /// (docs/scheduling.md), or grant the role `intent_operator`. Against a pg_intent older than
+    /// 0.5.0, whose `intent.retention` has no default, every purge fails with `22023` until the
+    /// database sets one (or the runner's purge is turned off, [`Runner::purge`]).
     PurgeFailed {
         /// Why.
         error: BoxError,
