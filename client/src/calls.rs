@@ -377,6 +377,40 @@ pub async fn sweep(db: &(impl Executor + ?Sized)) -> Result<u64, Error> {
     Ok(u64::try_from(n).unwrap_or(0))
 }
 
+/// `intent.purge`: removes up to `batch_size` finished jobs (succeeded, failed, cancelled) older
+/// than the retention — `older_than`, or with `None` the setting `intent.retention` (7 days by
+/// default; `never` keeps them, and the call removes nothing) — with their attempts and events,
+/// oldest first, skipping jobs another transaction holds; returns how many it removed. After a
+/// purge the same key creates a new job. An operator's call (`intent_operator`); a `Runner`
+/// makes it on a schedule ([`crate::Runner::purge_every`]).
+pub async fn purge(
+    db: &(impl Executor + ?Sized),
+    older_than: Option<Duration>,
+    batch_size: u32,
+) -> Result<u64, Error> {
+    let older_than = older_than.map(IntervalArg::new);
+    let batch_size = i32::try_from(batch_size).unwrap_or(i32::MAX);
+    let row = query_one(
+        db,
+        Call::Purge,
+        &[&older_than, &batch_size],
+        Context::default(),
+    )
+    .await?;
+    let n: i64 = get(&row, 0)?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// How long finished jobs — and so their idempotency keys — are kept: the setting
+/// `intent.retention` of this session (the view `intent.settings`, which works before the
+/// library is loaded; pg_intent 0.5.0 on). `None`: `never`, kept for ever. A key submitted again
+/// after its job was purged creates a new job. Months count as 30 days.
+pub async fn retention(db: &(impl Executor + ?Sized)) -> Result<Option<Duration>, Error> {
+    let row = query_one(db, Call::Retention, &[], Context::default()).await?;
+    let seconds: Option<f64> = get(&row, 0)?;
+    Ok(seconds.map(|s| Duration::from_secs_f64(s.max(0.0))))
+}
+
 /// `intent.define_contract`: defines what a job's result must satisfy — a JSON Schema (draft
 /// 2020-12) and optionally a checker, a SQL function `(jsonb) → boolean` named by its signature
 /// (e.g. `"app.image_is_usable(jsonb)"`). Returns the contract's version: the same definition

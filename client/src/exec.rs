@@ -86,6 +86,15 @@ calls! {
     CancelJob => "SELECT intent.cancel_job($1, $2)", [UUID, TEXT];
     /// `intent.sweep`.
     Sweep => "SELECT intent.sweep()", [];
+    /// `intent.purge`.
+    Purge => "SELECT intent.purge($1, $2)", [INTERVAL, INT4];
+    // Through the view, which loads the library first (SHOW would fail in a session that has
+    // not loaded it yet); seconds, computed on the server; NULL for 'never'.
+    /// The retention, `intent.retention` (pg_intent 0.5.0 on: the view `intent.settings`).
+    Retention => "SELECT CASE WHEN lower(btrim(setting)) = 'never' THEN NULL \
+                  ELSE extract(epoch FROM setting::interval)::float8 END \
+                  FROM intent.settings WHERE name = 'intent.retention'",
+        [];
     /// Reads one row of `intent.jobs`.
     GetJob => "SELECT id, owner_id, idempotency_key, provider, params, contract, state::text, \
                version, completed_by, result, error, max_attempts, attempt_count, created_at, \

@@ -5,6 +5,10 @@
 //! jobs, disjoint between any number of claimers; `NOTIFY intent_claimable` says when there is
 //! new work. A [`Runner`] listens on that channel on a connection of its own, claims up to its
 //! free concurrency, and polls only as a fallback and at the next retry time it knows of.
+//!
+//! It also keeps the tables bounded: every [`Runner::purge_every`] (a minute, with jitter) it
+//! removes finished jobs past the retention (`intent.purge()`, `intent.retention`: 7 days by
+//! default), one bounded batch per call, with a pause between batches while a backlog lasts.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -20,7 +24,7 @@ use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{AsyncMessage, Client, Socket};
 use uuid::Uuid;
 
-use crate::calls::{claim_attempts, next_retry_in};
+use crate::calls::{claim_attempts, next_retry_in, purge};
 use crate::error::Error;
 use crate::records::ClaimedAttempt;
 use crate::report::Reconnect;
@@ -42,6 +46,15 @@ const ERROR_RETRY: Duration = Duration::from_secs(1);
 
 /// How long the runner waits, after the grace period, for its attempts to be marked `unknown`.
 const MARK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often a runner purges by default ([`Runner::purge_every`]).
+pub const DEFAULT_PURGE_EVERY: Duration = Duration::from_secs(60);
+
+/// The most jobs one purge call of a runner removes by default ([`Runner::purge_batch`]).
+pub const DEFAULT_PURGE_BATCH: u32 = 500;
+
+/// The pause between two batches of one purge by default ([`Runner::purge_pause`]).
+pub const DEFAULT_PURGE_PAUSE: Duration = Duration::from_millis(500);
 
 pub use crate::exec::{BoxError, Connections};
 
@@ -120,6 +133,21 @@ pub enum Event {
         /// Why.
         error: BoxError,
     },
+    /// A purge batch removed finished jobs past the retention ([`Runner::purge_every`]).
+    Purged {
+        /// How many jobs this batch removed.
+        jobs: u64,
+    },
+    /// A purge failed; the runner tries again at the next period. Without `EXECUTE` on
+    /// `intent.purge` (`42501`: the runner's role is not in `intent_operator`) it stops purging
+    /// for the rest of the run: schedule `intent.purge()` with pg_cron instead
+    /// (docs/scheduling.md), or grant the role `intent_operator`. Against a pg_intent older than
+    /// 0.5.0, whose `intent.retention` has no default, every purge fails with `22023` until the
+    /// database sets one (or the runner's purge is turned off, [`Runner::purge`]).
+    PurgeFailed {
+        /// Why.
+        error: BoxError,
+    },
 }
 
 /// What a [`Runner::run`] did, returned when it has shut down.
@@ -142,6 +170,8 @@ pub struct Summary {
     pub errors: u64,
     /// `claim_attempts` calls made.
     pub claims: u64,
+    /// Finished jobs removed by the runner's purges.
+    pub purged: u64,
 }
 
 type Poller = Box<
@@ -165,6 +195,10 @@ type EventHook = Arc<dyn Fn(Event) + Send + Sync>;
 /// * **Runs each attempt by the protocol**, as [`Worker`] does: heartbeats while the work runs,
 ///   the caller's timeout → `unknown` (never `failed`), the report with the attempt's own
 ///   version, the work stopped when a heartbeat says so.
+/// * **Keeps the tables bounded**: every minute ([`Runner::purge_every`]) it purges finished
+///   jobs past the database's retention (`intent.retention`, 7 days by default), in bounded
+///   batches with a pause between them, on a task of its own; [`Runner::purge`]`(false)` turns
+///   it off. After a purge the same key creates a new job.
 /// * **Shuts down gracefully**: when the `shutdown` future of [`Runner::run`] resolves, it stops
 ///   claiming, lets running attempts finish within the grace period ([`Runner::grace`]), then
 ///   marks the rest `unknown` with the reason [`SHUTDOWN_REASON`] — never `failed`: their
@@ -221,6 +255,29 @@ pub struct Runner<C> {
     grace: Duration,
     wake: Arc<Notify>,
     on_event: Option<EventHook>,
+    /// How it purges.
+    purge: PurgeSettings,
+}
+
+/// How a [`Runner`] purges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PurgeSettings {
+    /// Whether it purges at all ([`Runner::purge`]; the others only set how).
+    on: bool,
+    every: Duration,
+    batch: u32,
+    pause: Duration,
+}
+
+impl Default for PurgeSettings {
+    fn default() -> Self {
+        PurgeSettings {
+            on: true,
+            every: DEFAULT_PURGE_EVERY,
+            batch: DEFAULT_PURGE_BATCH,
+            pause: DEFAULT_PURGE_PAUSE,
+        }
+    }
 }
 
 impl<C> std::fmt::Debug for Runner<C> {
@@ -234,6 +291,7 @@ impl<C> std::fmt::Debug for Runner<C> {
             .field("watch_retries", &self.watch_retries)
             .field("settings", &self.settings)
             .field("grace", &self.grace)
+            .field("purge", &self.purge)
             .finish_non_exhaustive()
     }
 }
@@ -279,7 +337,8 @@ impl<C, F> Shared<C, F> {
 impl<C: Connections> Runner<C> {
     /// A runner on `db` whose work times out after `timeout` (the caller's own timeout: when it
     /// fires the attempt becomes `unknown`). Defaults: any provider, concurrency 1, no
-    /// `LISTEN` (polling every 5 seconds), a 30-second lease, a 30-second grace period.
+    /// `LISTEN` (polling every 5 seconds), a 30-second lease, a 30-second grace period, a purge
+    /// every minute (see [`Runner::purge_every`]).
     pub fn new(db: C, timeout: Duration) -> Self {
         Runner {
             db: Arc::new(db),
@@ -293,6 +352,7 @@ impl<C: Connections> Runner<C> {
             grace: Duration::from_secs(30),
             wake: Arc::new(Notify::new()),
             on_event: None,
+            purge: PurgeSettings::default(),
         }
     }
 
@@ -405,6 +465,44 @@ impl<C: Connections> Runner<C> {
         self.wake.clone()
     }
 
+    /// How often to purge finished jobs past the retention (default every minute; each period
+    /// is drawn within ±20% of it, so that runners started together spread their purges).
+    ///
+    /// A purge calls `intent.purge()` without a retention, so the database's setting decides:
+    /// `intent.retention` (7 days by default, `never` to keep finished jobs for ever;
+    /// docs/reference.md § 7). Each call removes at most [`Runner::purge_batch`] jobs, on a
+    /// connection taken for that call only; while a batch comes back full the purge goes on
+    /// after [`Runner::purge_pause`], so a backlog is worked off without holding the database
+    /// or the runner's connections. Concurrent purges (many runners) skip each other's jobs
+    /// (`SKIP LOCKED`) and never touch an unfinished job, so claims never wait for them.
+    /// It needs `EXECUTE` on `intent.purge` (`intent_operator`); without it the runner says so
+    /// once ([`Event::PurgeFailed`]) and stops purging.
+    pub fn purge_every(mut self, every: Duration) -> Self {
+        self.purge.every = every.max(Duration::from_millis(10));
+        self
+    }
+
+    /// The most jobs one purge call removes (1 to 100,000; default 500).
+    pub fn purge_batch(mut self, jobs: u32) -> Self {
+        self.purge.batch = jobs.clamp(1, pg_intent_protocol::limits::MAX_PURGE_BATCH as u32);
+        self
+    }
+
+    /// The pause between two batches of one purge while batches come back full (default half a
+    /// second).
+    pub fn purge_pause(mut self, pause: Duration) -> Self {
+        self.purge.pause = pause;
+        self
+    }
+
+    /// Whether the runner purges at all (default on; [`Runner::purge_every`] and the others
+    /// only say how). Off: schedule `intent.purge()` elsewhere (pg_cron, docs/scheduling.md),
+    /// or finished jobs are kept for ever.
+    pub fn purge(mut self, on: bool) -> Self {
+        self.purge.on = on;
+        self
+    }
+
     /// Calls `hook` with each [`Event`] (from the runner's tasks: keep it quick).
     pub fn on_event(mut self, hook: impl Fn(Event) + Send + Sync + 'static) -> Self {
         self.on_event = Some(Arc::new(hook));
@@ -458,6 +556,15 @@ impl<C: Connections> Runner<C> {
         }
         let mut tasks: JoinSet<Ended> = JoinSet::new();
         let mut watch_retries = self.watch_retries;
+        // The purge: a task of its own, so that a batch never delays a claim.
+        let (purge_stop, purge_stopped) = watch::channel(false);
+        let purger = self.purge.on.then(|| {
+            tokio::spawn(purge_loop(
+                shared.clone(),
+                self.purge,
+                purge_stopped.clone(),
+            ))
+        });
 
         let mut more = true; // claim at the next turn
         let mut read_retry = false; // read the next retry time at the next turn
@@ -569,8 +676,16 @@ impl<C: Connections> Runner<C> {
             }
         }
 
-        // Shutting down: no more claims; the running attempts have the grace period to finish.
+        // Shutting down: no more claims, no more purges (a batch under way ends first: it is
+        // one short statement); the running attempts have the grace period to finish.
         listener.abort_all();
+        let _ = purge_stop.send(true);
+        if let Some(purger) = purger {
+            let abort = purger.abort_handle();
+            if tokio::time::timeout(MARK_TIMEOUT, purger).await.is_err() {
+                abort.abort();
+            }
+        }
         let grace_end = Instant::now() + self.grace;
         while let Ok(Some(ended)) = tokio::time::timeout_at(grace_end, tasks.join_next()).await {
             self.ended(&shared, ended);
@@ -820,6 +935,71 @@ fn spawn_attempt<C, T, E, F, Fut>(
         });
         ended
     });
+}
+
+/// A random fraction in [0, 1), different in each runner (no random-number crate needed: the
+/// standard library seeds each `RandomState` afresh).
+fn random_fraction() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0);
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// `every` within ±20%.
+fn jittered(every: Duration) -> Duration {
+    every.mul_f64(0.8 + 0.4 * random_fraction())
+}
+
+/// Purges every period until told to stop: batches while they come back full, with a pause
+/// between them; a connection per batch, given back at once.
+async fn purge_loop<C: Connections, F>(
+    shared: Arc<Shared<C, F>>,
+    settings: PurgeSettings,
+    mut stop: watch::Receiver<bool>,
+) {
+    // The first purge within the first period (not at start: runners started together spread).
+    let mut wait = settings.every.mul_f64(random_fraction());
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+        wait = jittered(settings.every);
+        loop {
+            let batch = async {
+                let conn = shared.db.connection().await?;
+                let n = purge(&conn, None, settings.batch).await?;
+                Ok::<u64, BoxError>(n)
+            };
+            let n = match batch.await {
+                Ok(n) => n,
+                Err(error) => {
+                    let denied =
+                        error.downcast_ref::<Error>().and_then(Error::code) == Some("42501");
+                    shared.emit(Event::PurgeFailed { error });
+                    if denied {
+                        return;
+                    }
+                    break;
+                }
+            };
+            if n > 0 {
+                shared.count(|s| s.purged += n);
+                shared.emit(Event::Purged { jobs: n });
+            }
+            if n < u64::from(settings.batch) {
+                break;
+            }
+            // A backlog: the next batch after a pause, so that it never holds the database.
+            tokio::select! {
+                biased;
+                _ = stop.wait_for(|s| *s) => return,
+                () = tokio::time::sleep(settings.pause) => {}
+            }
+        }
+    }
 }
 
 /// Listens on [`CLAIMABLE_CHANNEL`], driving the connection itself to receive the

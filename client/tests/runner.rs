@@ -694,3 +694,259 @@ async fn shutdown_lets_running_attempts_finish_and_marks_the_rest_unknown() {
     );
     assert_eq!(events.problems(), Vec::<String>::new());
 }
+
+// --- purge: bounded by default ---------------------------------------------------------------
+
+/// Makes a job `days` days older (as the superuser the tests connect as).
+async fn age(db: &intent::Connection, job: Uuid, days: i32) {
+    let n = db
+        .execute(
+            "UPDATE intent.jobs SET created_at = created_at - make_interval(days => $2),
+                                    updated_at = updated_at - make_interval(days => $2)
+              WHERE id = $1",
+            &[&job, &days],
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+}
+
+/// A job cancelled by its owner (finished), made `days` days old.
+async fn finished(db: &intent::Connection, key: &str, days: i32) -> Uuid {
+    let job = submit(db, key, "gpu-a", json!({"k": key})).await;
+    assert!(intent::cancel_job(db, job, None).await.unwrap());
+    age(db, job, days).await;
+    job
+}
+
+async fn exists(db: &intent::Connection, job: Uuid) -> bool {
+    intent::get_job(db, job).await.unwrap().is_some()
+}
+
+/// The purge events a runner reported: how many jobs each batch removed, and when.
+#[derive(Clone, Default)]
+struct Purges(Arc<Mutex<Vec<(u64, tokio::time::Instant)>>>, Events);
+
+impl Purges {
+    fn hook(&self) -> impl Fn(Event) + Send + Sync + 'static {
+        let me = self.clone();
+        let others = self.1.hook();
+        move |event| match event {
+            Event::Purged { jobs } => {
+                me.0.lock()
+                    .unwrap()
+                    .push((jobs, tokio::time::Instant::now()))
+            }
+            other => others(other),
+        }
+    }
+
+    fn batches(&self) -> Vec<u64> {
+        self.0.lock().unwrap().iter().map(|(n, _)| *n).collect()
+    }
+}
+
+/// A runner purges by default, with the database's retention (7 days unless set): a finished
+/// job past it disappears, a finished job within it and an unfinished job however old stay,
+/// and the key of the purged job, submitted again, creates a new job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_purges_finished_jobs_past_the_retention_and_nothing_else() {
+    let t = TestDb::new().await;
+    let db = t.conn().await;
+    let old = finished(&db, "old", 8).await;
+    let recent = finished(&db, "recent", 6).await;
+    // Unfinished and very old; of a provider the runner does not claim, so it stays pending.
+    let open = submit(&db, "open", "elsewhere", json!({})).await;
+    age(&db, open, 400).await;
+    let old_version = intent::get_job(&db, old).await.unwrap().unwrap().version;
+
+    let purges = Purges::default();
+    // Only the period is set: the batch, the pause and being on at all are the defaults.
+    let runner = Runner::new(pool(&t, 2), Duration::from_secs(60))
+        .provider("gpu-a")
+        .purge_every(Duration::from_millis(200))
+        .on_event(purges.hook());
+    let (stop, until) = signal();
+    let shutdown = until();
+    let handle = tokio::spawn(async move {
+        runner
+            .run(
+                |_: ClaimedAttempt| std::future::ready(Ok::<_, WorkError<Value>>(json!({}))),
+                shutdown,
+            )
+            .await
+    });
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            !exists(&db, old).await
+        })
+        .await,
+        "the runner never purged the job finished 8 days ago"
+    );
+    // A few more periods: nothing else goes.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let _ = stop.send(true);
+    let summary = handle.await.unwrap();
+    assert_eq!(summary.purged, 1);
+    assert_eq!(purges.batches(), vec![1]);
+    assert!(exists(&db, recent).await, "within the retention: kept");
+    assert!(exists(&db, open).await, "unfinished: kept");
+    assert_eq!(job_state(&db, open).await, JobState::Pending);
+    assert_eq!(purges.1.problems(), Vec::<String>::new());
+
+    // The purged key again: a new job (not a replay of the cancelled one).
+    let again: Submitted<Value> = intent::submit_job(
+        &db,
+        &NewJob::new("owner", "old", "gpu-a", &json!({"k": "old"})),
+    )
+    .await
+    .unwrap();
+    assert!(again.created);
+    assert_eq!(again.job_id, old);
+    assert_eq!(again.state, JobState::Pending);
+    assert!(again.version > old_version);
+}
+
+/// A backlog is purged in batches of the configured size with the configured pause between
+/// them; `purge(false)` purges nothing; `retention` reads the database's setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_is_purged_in_bounded_batches_with_a_pause_between_them() {
+    let t = TestDb::new().await;
+    let db = t.conn().await;
+    assert_eq!(
+        intent::retention(&db).await.unwrap(),
+        Some(Duration::from_secs(7 * 86_400))
+    );
+    let mut jobs = Vec::new();
+    for i in 0..25 {
+        jobs.push(finished(&db, &format!("k{i}"), 30).await);
+    }
+
+    // Off: nothing is purged, however long it runs.
+    let purges = Purges::default();
+    let runner = Runner::new(pool(&t, 2), Duration::from_secs(60))
+        .provider("gpu-a")
+        .purge_every(Duration::from_millis(50))
+        .purge(false)
+        .on_event(purges.hook());
+    let (stop, until) = signal();
+    let shutdown = until();
+    let handle = tokio::spawn(async move {
+        runner
+            .run(
+                |_: ClaimedAttempt| std::future::ready(Ok::<_, WorkError<Value>>(json!({}))),
+                shutdown,
+            )
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let _ = stop.send(true);
+    assert_eq!(handle.await.unwrap().purged, 0);
+    assert!(purges.batches().is_empty());
+
+    let pause = Duration::from_millis(400);
+    let purges = Purges::default();
+    let runner = Runner::new(pool(&t, 2), Duration::from_secs(60))
+        .provider("gpu-a")
+        .purge_batch(10)
+        .purge_pause(pause)
+        .purge_every(Duration::from_millis(100))
+        .on_event(purges.hook());
+    let (stop, until) = signal();
+    let shutdown = until();
+    let handle = tokio::spawn(async move {
+        runner
+            .run(
+                |_: ClaimedAttempt| std::future::ready(Ok::<_, WorkError<Value>>(json!({}))),
+                shutdown,
+            )
+            .await
+    });
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            purges.batches().iter().sum::<u64>() == 25
+        })
+        .await,
+        "{:?}",
+        purges.batches()
+    );
+    let _ = stop.send(true);
+    assert_eq!(handle.await.unwrap().purged, 25);
+    assert_eq!(purges.batches(), vec![10, 10, 5], "batches of at most 10");
+    let times: Vec<_> = purges.0.lock().unwrap().iter().map(|(_, t)| *t).collect();
+    for pair in times.windows(2) {
+        assert!(
+            pair[1] - pair[0] >= pause,
+            "a batch came {:?} after the last",
+            pair[1] - pair[0]
+        );
+    }
+    for job in jobs {
+        assert!(!exists(&db, job).await);
+    }
+    assert_eq!(purges.1.problems(), Vec::<String>::new());
+
+    // 'never': the runner's purge removes nothing; retention() says None.
+    db.batch_execute("SET intent.retention = 'never'")
+        .await
+        .unwrap();
+    assert_eq!(intent::retention(&db).await.unwrap(), None);
+}
+
+/// A runner whose role may not purge (`intent_app` only) says so once and stops purging; its
+/// claims go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_that_may_not_purge_says_so_once_and_goes_on_working() {
+    let t = TestDb::new().await;
+    let db = t.conn().await;
+    let role = format!("app_{}", std::process::id());
+    db.batch_execute(&format!(
+        "DO $$ BEGIN CREATE ROLE {role} LOGIN IN ROLE intent_app;
+           EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+    ))
+    .await
+    .unwrap();
+    let mut config: tokio_postgres::Config = t.conn_str().parse().unwrap();
+    config.user(&role);
+    let pool = deadpool_postgres::Pool::builder(deadpool_postgres::Manager::new(
+        config,
+        tokio_postgres::NoTls,
+    ))
+    .max_size(2)
+    .build()
+    .unwrap();
+    let failures = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = failures.clone();
+    let runner = Runner::new(pool, Duration::from_secs(60))
+        .provider("gpu-a")
+        .poll_every(Duration::from_millis(100))
+        .purge_every(Duration::from_millis(50))
+        .on_event(move |e| {
+            if let Event::PurgeFailed { error } = e {
+                seen.lock().unwrap().push(error.to_string());
+            }
+        });
+    let (stop, until) = signal();
+    let shutdown = until();
+    let handle = tokio::spawn(async move {
+        runner
+            .run(
+                |_: ClaimedAttempt| std::future::ready(Ok::<_, WorkError<Value>>(json!({}))),
+                shutdown,
+            )
+            .await
+    });
+    let job = submit(&db, "work", "gpu-a", json!({})).await;
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            job_state(&db, job).await == JobState::Succeeded
+        })
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let _ = stop.send(true);
+    let summary = handle.await.unwrap();
+    assert_eq!(summary.completed, 1);
+    let failures = failures.lock().unwrap().clone();
+    assert_eq!(failures.len(), 1, "once, then no more: {failures:?}");
+}

@@ -57,6 +57,7 @@ mod plans;
 mod purge;
 mod refusal;
 mod schema;
+mod settings;
 mod state;
 mod store;
 mod submit;
@@ -106,6 +107,11 @@ extension_sql_file!(
     "../../sql/distribute.sql",
     name = "distribute",
     requires = ["api", "contracts_api", "views", "isolation"]
+);
+extension_sql_file!(
+    "../../sql/settings.sql",
+    name = "settings",
+    requires = ["views"]
 );
 extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);
 

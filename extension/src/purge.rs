@@ -2,7 +2,8 @@
 //!
 //! Only terminal jobs (succeeded, failed, cancelled) are ever touched. After a purge the key is
 //! free again: the same (owner_id, idempotency_key) creates a new job. So the retention must be
-//! longer than any client's retry window. The new job reuses the old one's id and attempt ids
+//! longer than any client's retry window: 7 days by default (`intent.retention`), `never` to keep
+//! finished jobs for ever. The new job reuses the old one's id and attempt ids
 //! (they are derived from the key), so its versions start above the old job's last one: a late
 //! report from the old job's attempts presents a version the new job never handed out.
 
@@ -16,7 +17,16 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::ffi::CString;
 
-static RETENTION: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+/// The default retention: far longer than any client's retry window (HTTP clients retry within
+/// minutes; Stripe keeps idempotency keys for at least 24 hours), short enough that a busy
+/// installation's finished jobs stay bounded (docs/reference.md § 7).
+pub const DEFAULT_RETENTION: &std::ffi::CStr = c"7 days";
+
+static RETENTION: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(DEFAULT_RETENTION));
+
+/// The value of `intent.retention` that keeps finished jobs for ever (any case).
+const NEVER: &str = "never";
 
 /// The most jobs one call removes: a purge must never hold many locks or one long transaction.
 use pg_intent_protocol::limits::MAX_PURGE_BATCH as MAX_BATCH;
@@ -26,7 +36,7 @@ pub fn register() {
     GucRegistry::define_string_guc(
         c"intent.retention",
         c"How long finished jobs are kept before intent.purge() may remove them (an interval).",
-        c"Used when intent.purge() is called without a retention. Unset: purge needs an explicit one.",
+        c"Used when intent.purge() is called without a retention (the Runner's and pg_cron's purges). 'never': finished jobs are kept for ever, and intent.purge() without a retention removes nothing. After a purge the same key creates a new job.",
         &RETENTION,
         GucContext::Suset,
         GucFlags::default(),
@@ -60,6 +70,15 @@ fn purge(older_than: Option<Interval>, batch_size: Option<i32>) -> Answer<i64> {
         );
     }
     let setting = RETENTION.get().map(|c| c.to_string_lossy().into_owned());
+    // 'never': nothing is past the retention. Only the setting may say so; an explicit
+    // older_than is always honoured.
+    if older_than.is_none()
+        && setting
+            .as_deref()
+            .is_some_and(|s| s.trim().eq_ignore_ascii_case(NEVER))
+    {
+        return Ok(0);
+    }
     Spi::connect_mut(|client| {
         // A malformed intent.retention is rejected by PostgreSQL's own interval input (22007).
         let row = plans::first(plans::run(
@@ -71,7 +90,7 @@ fn purge(older_than: Option<Interval>, batch_size: Option<i32>) -> Answer<i64> {
         let Some(retention) = plans::get::<Interval>(&row, 1) else {
             return Err(Refusal::bad_input("no retention given and intent.retention is not set")
                 .detail("intent.purge() removes finished jobs older than a retention, and none was given.")
-                .hint("Pass one, e.g. intent.purge('30 days'), or set intent.retention."));
+                .hint("Pass one, e.g. intent.purge('30 days'), or set intent.retention (RESET gives its default, 7 days; 'never' keeps finished jobs for ever)."));
         };
         if !input::within_ten_thousand_years(&retention) {
             return Err(

@@ -149,11 +149,15 @@ fn submit(
             );
             if let Some(row) = plans::first(inserted) {
                 crate::claim::notify_claimable(provider);
+                let version = plans::must(&row, 1);
+                if version > 1 {
+                    purged_before(job_id, version);
+                }
                 return Ok(Submitted {
                     job_id,
                     created: true,
                     state: JobState::Pending,
-                    version: plans::must(&row, 1),
+                    version,
                     result: None,
                 });
             }
@@ -163,6 +167,22 @@ fn submit(
         }
         Err(refusal::kept_disappearing(job_id))
     })
+}
+
+/// Tells the caller (a NOTICE) that its key had a job that was purged (past `intent.retention`),
+/// so that this job is a new one: a retry that comes after the retention runs the work again.
+/// Free when it does not apply: a created job's first version is above 1 only when
+/// `intent.retired_keys` holds its id, which the insert read anyway.
+fn purged_before(job_id: Uuid, version: i64) {
+    pgrx::ereport!(
+        NOTICE,
+        PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
+        format!("job {job_id} is new: an earlier job of this idempotency key was purged"),
+        format!(
+            "The earlier job finished and was removed past the retention (intent.retention); its versions ended at {}, this job's start at {version}. A key is kept only as long as its finished job.",
+            version - 1
+        )
+    );
 }
 
 /// The existing job of this key, judged against the intent: the job (a replay), or IJ001 when

@@ -33,6 +33,10 @@ pub struct WorkerConfig {
     /// On shutdown, how long running attempts may still finish before they are marked
     /// `unknown`.
     pub grace: Duration,
+    /// How often the worker purges finished jobs past the database's retention
+    /// (`intent.retention`, 7 days by default): the client's `Runner::purge_every`. `None`: it
+    /// does not purge (pg_cron does, docs/scheduling.md, or nothing is ever removed).
+    pub purge_every: Option<Duration>,
 }
 
 impl Default for WorkerConfig {
@@ -45,6 +49,7 @@ impl Default for WorkerConfig {
             poll_every: Duration::from_secs(1),
             listen: None,
             grace: Duration::from_secs(20),
+            purge_every: Some(pg_intent_client::runner::DEFAULT_PURGE_EVERY),
         }
     }
 }

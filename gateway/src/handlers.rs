@@ -23,6 +23,20 @@ use crate::{Gateway, job_location, log};
 /// same key, not a new execution (the name Stripe's API made common).
 pub static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
+/// How long the gateway keeps a key once its job has finished, in seconds: the database's
+/// `intent.retention` (7 days by default). Absent when keys are kept for ever (`never`) or the
+/// gateway could not read it. The Idempotency-Key draft asks a server to publish its key
+/// expiry policy; this is that policy, machine-readable (the gateway's own header).
+pub static IDEMPOTENCY_KEY_RETENTION: HeaderName =
+    HeaderName::from_static("idempotency-key-retention");
+
+/// On a `201` only: this key had a job before, which finished and was purged past the
+/// retention, so this request created a new job (the work runs again). `true` when so.
+pub static IDEMPOTENCY_KEY_EXPIRED: HeaderName = HeaderName::from_static("idempotency-key-expired");
+
+/// How long a read of the retention is used before it is read again.
+const RETENTION_FRESH_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl Gateway {
     /// The owner named by the request's bearer token: from the headers alone, before any of
     /// the body is read.
@@ -113,7 +127,7 @@ impl Gateway {
             .map_err(read)?;
 
         let conn = self.connection().await.map_err(read)?;
-        let (job, error) = self
+        let (job, error, retention) = self
             .bounded(conn, async |conn| {
                 let tx = self.begin(conn, &owner).await?;
                 let job: Submitted<Value> = intent::submit_job(
@@ -132,7 +146,9 @@ impl Gateway {
                     None
                 };
                 tx.commit().await.map_err(db_problem)?;
-                Ok((job, error))
+                // After the commit, on its own: a failed read must not undo the submit.
+                let retention = self.retention(conn).await;
+                Ok((job, error, retention))
             })
             .await
             .map_err(read)?;
@@ -145,6 +161,13 @@ impl Gateway {
             )
                 .into_response();
             set_location(&mut res, job.job_id);
+            set_retention(&mut res, retention);
+            // A created job's first version is above 1 only when an earlier job of its key was
+            // purged (intent.retired_keys): say that this is a new execution, not a replay.
+            if job.version > 1 {
+                res.headers_mut()
+                    .insert(&IDEMPOTENCY_KEY_EXPIRED, HeaderValue::from_static("true"));
+            }
             return Ok(res);
         }
         match job.state {
@@ -155,6 +178,7 @@ impl Gateway {
                 )
                     .into_response();
                 set_location(&mut res, job.job_id);
+                set_retention(&mut res, retention);
                 res.headers_mut()
                     .insert(&IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
                 Ok(res)
@@ -288,6 +312,34 @@ impl Gateway {
     /// Past it the connection is taken out of the pool and closed: it may be stuck in the
     /// middle of a statement, and must not serve another request. So is a connection whose
     /// transaction ended in a `503`.
+    /// The database's retention (`None`: `never`, or not readable), read at most once a
+    /// [`RETENTION_FRESH_FOR`] on a request's connection, outside its transaction.
+    async fn retention(&self, conn: &Object) -> Option<std::time::Duration> {
+        let now = tokio::time::Instant::now();
+        if let Some((at, r)) = *self
+            .inner
+            .retention
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            && now.duration_since(at) < RETENTION_FRESH_FOR
+        {
+            return r;
+        }
+        let r = match intent::retention(conn).await {
+            Ok(r) => r,
+            Err(e) => {
+                log(&format!("cannot read intent.retention: {e}"));
+                None
+            }
+        };
+        *self
+            .inner
+            .retention
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some((now, r));
+        r
+    }
+
     async fn bounded<T>(
         &self,
         mut conn: Object,
@@ -377,6 +429,14 @@ fn representation(
         v["error"] = e;
     }
     v
+}
+
+/// `Idempotency-Key-Retention: <seconds>`, when the retention is known and not `never`.
+fn set_retention(res: &mut Response, retention: Option<std::time::Duration>) {
+    if let Some(r) = retention {
+        res.headers_mut()
+            .insert(&IDEMPOTENCY_KEY_RETENTION, HeaderValue::from(r.as_secs()));
+    }
 }
 
 fn set_location(res: &mut Response, job_id: Uuid) {

@@ -49,7 +49,9 @@ use uuid::Uuid;
 pub use crate::config::{
     Config, DatabaseConfig, HttpConfig, MIN_HEAD_BYTES, WorkerConfig, pool, pool_with,
 };
-pub use crate::handlers::IDEMPOTENT_REPLAYED;
+pub use crate::handlers::{
+    IDEMPOTENCY_KEY_EXPIRED, IDEMPOTENCY_KEY_RETENTION, IDEMPOTENT_REPLAYED,
+};
 use crate::handlers::{create, create_on, explain, show};
 pub use crate::reconciler::{FakeProvider, ReconcilerConfig};
 
@@ -128,6 +130,8 @@ struct Inner {
     provider: Arc<dyn Provider>,
     /// Wakes the worker when a job is created.
     wake: Arc<tokio::sync::Notify>,
+    /// The database's retention as last read, and when (`handlers.rs`: `Idempotency-Key-Retention`).
+    retention: std::sync::Mutex<Option<(tokio::time::Instant, Option<std::time::Duration>)>>,
 }
 
 impl Gateway {
@@ -139,6 +143,7 @@ impl Gateway {
                 config,
                 provider: Arc::new(provider),
                 wake: Arc::new(tokio::sync::Notify::new()),
+                retention: std::sync::Mutex::new(None),
             }),
         }
     }

@@ -12,7 +12,8 @@
 //! (default `127.0.0.1:8080`), `GATEWAY_TOKENS` (`token=owner,…`), `GATEWAY_PROVIDERS`
 //! (`gpu-a,gpu-b`; the first is the one of `POST /jobs`), `GATEWAY_BIND_OWNER` (`true`:
 //! `SET LOCAL intent.owner_id` per request; needs `GRANT SET ON PARAMETER intent.owner_id`),
-//! `GATEWAY_WORKER` (`false`: no worker in this process), the reconciler's settings
+//! `GATEWAY_WORKER` (`false`: no worker in this process), `GATEWAY_PURGE` (`false`: the worker
+//! does not purge) and `GATEWAY_PURGE_EVERY` (default 60s), the reconciler's settings
 //! (`GATEWAY_RECONCILE=false`: off; `GATEWAY_RECONCILE_EVERY`, `GATEWAY_RECONCILE_ABANDON_AFTER`
 //! (unset: never abandon), `GATEWAY_RECONCILE_BATCH`; gateway/README.md § The reconciler), and
 //! the bounds of gateway/README.md § Timeouts (`GATEWAY_GRACE`, `GATEWAY_STATEMENT_TIMEOUT`, …
@@ -102,6 +103,11 @@ async fn main() -> Result<(), BoxError> {
     config.default_provider = config.providers[0].clone();
     config.worker.name = format!("gateway-{}", std::process::id());
     duration_from_env("GATEWAY_GRACE", &mut config.worker.grace)?;
+    if env("GATEWAY_PURGE", "true") != "true" {
+        config.worker.purge_every = None;
+    } else if let Some(every) = config.worker.purge_every.as_mut() {
+        duration_from_env("GATEWAY_PURGE_EVERY", every)?;
+    }
     number_from_env("GATEWAY_RETRY_AFTER", &mut config.unavailable_retry_after)?;
     let db = &mut config.database;
     duration_from_env("GATEWAY_DB_WAIT_TIMEOUT", &mut db.wait_timeout)?;

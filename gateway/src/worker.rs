@@ -33,6 +33,10 @@ impl Gateway {
         if let Some(listen) = &cfg.listen {
             runner = runner.listen(listen.clone());
         }
+        runner = match cfg.purge_every {
+            Some(every) => runner.purge_every(every),
+            None => runner.purge(false),
+        };
         let provider = self.inner.provider.clone();
         let summary = runner
             .run(
@@ -74,6 +78,10 @@ fn report(event: Event) {
             "worker: attempt {attempt_id} left started, its lease will lapse: {error}"
         )),
         Event::ListenLost { error } => log(&format!("worker: not listening: {error}")),
+        Event::Purged { jobs } => log(&format!(
+            "worker: purged {jobs} finished jobs past the retention"
+        )),
+        Event::PurgeFailed { error } => log(&format!("worker: cannot purge: {error}")),
         _ => {}
     }
 }

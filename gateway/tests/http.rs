@@ -849,3 +849,46 @@ async fn large_results_replay_whole() {
         );
     }
 }
+
+/// The gateway publishes how long it keeps a key (`Idempotency-Key-Retention`, seconds: the
+/// database's `intent.retention`), and a key sent again after its finished job was purged is a
+/// new job, said so on the `201` (`Idempotency-Key-Expired: true`); its worker purges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retention_is_published_and_a_key_past_it_is_a_new_job_said_so() {
+    let mut cfg = config();
+    cfg.worker.purge_every = Some(Duration::from_millis(200));
+    let gw = start(cfg, fake_provider, true).await;
+    let body = json!({"prompt": "a cat", "work_ms": 10});
+    let r = gw.post(ALICE, "kept-a-week", &body).await;
+    assert_eq!(r.status, 201, "{r:?}");
+    assert_eq!(r.header("idempotency-key-retention"), Some("604800"));
+    assert!(r.header("idempotency-key-expired").is_none());
+    let job = r.job_id();
+    gw.wait_for(job, "succeeded").await;
+    let r = gw.post(ALICE, "kept-a-week", &body).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.header("idempotency-key-retention"), Some("604800"));
+
+    // Eight days later (the worker purges within its period).
+    gw.sql()
+        .await
+        .execute(
+            "UPDATE intent.jobs SET created_at = created_at - interval '8 days',
+                                    updated_at = updated_at - interval '8 days' WHERE id = $1",
+            &[&job],
+        )
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            gw.job_count().await == 0
+        })
+        .await,
+        "the gateway's worker never purged the job"
+    );
+    let r = gw.post(ALICE, "kept-a-week", &body).await;
+    assert_eq!(r.status, 201, "a new job, not a replay: {r:?}");
+    assert_eq!(r.job_id(), job);
+    assert_eq!(r.header("idempotency-key-expired"), Some("true"));
+    assert!(r.header("idempotent-replayed").is_none());
+}

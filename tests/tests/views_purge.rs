@@ -736,7 +736,9 @@ async fn purge_takes_its_retention_from_the_argument_or_intent_retention() {
     let mid = cancelled(&c, "alice", "mid").await;
     backdate(&c, mid, "20 days").await;
 
-    // No retention anywhere: refused, nothing written.
+    // No retention (an empty setting; unset, it is 7 days: tests/tests/retention.rs):
+    // refused, nothing written.
+    c.batch_execute("SET intent.retention = ''").await.unwrap();
     let before = digest(&c).await;
     let e = refusal(purge(&c, None, 1000).await, "22023");
     assert!(e.hint().contains("intent.retention"), "{e:?}");

@@ -20,6 +20,9 @@ const APP_CALLS: &[&str] = &[
     "job_of",
     "bound_owner",
     "owner_admits",
+    // What the view intent.settings calls (it reads no table: settings, readable by any role).
+    "_load_library",
+    "_settings",
 ];
 const OPERATOR_CALLS: &[&str] = &["abandon_attempt", "record_reconciliation", "sweep", "purge"];
 const ADMIN_CALLS: &[&str] = &[
@@ -28,8 +31,8 @@ const ADMIN_CALLS: &[&str] = &[
     "revoke_certification",
 ];
 /// The granted calls that are not SECURITY DEFINER: the pure id derivations, bound_owner and
-/// owner_admits (what the policies call), and define_contract (which must know its caller and
-/// switches to intent_owner itself).
+/// owner_admits (what the policies call), define_contract (which must know its caller and
+/// switches to intent_owner itself), and what intent.settings calls (no table read).
 const NOT_DEFINERS: &[&str] = &[
     "job_id",
     "attempt_id",
@@ -37,6 +40,8 @@ const NOT_DEFINERS: &[&str] = &[
     "bound_owner",
     "owner_admits",
     "define_contract",
+    "_load_library",
+    "_settings",
 ];
 
 /// Every granted call that reads or writes the tables: a SECURITY DEFINER C function.
@@ -63,6 +68,9 @@ const OPERATOR_READS: &[&str] = &[
     "intent.certifications_expiring",
 ];
 
+/// What every role of pg_intent may read: its settings (docs/reference.md § 7).
+const APP_READS: &[&str] = &["intent.settings"];
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Level {
     Public,
@@ -79,10 +87,12 @@ impl Level {
     }
 
     /// Only operators and admins read, only SELECT, and only the tables and views the README
-    /// names; nobody writes, nobody uses a sequence, nobody reads internal tables
-    /// (`intent.retired_keys`).
+    /// names (and every role the settings); nobody writes, nobody uses a sequence, nobody reads
+    /// internal tables (`intent.retired_keys`).
     fn may_use_relation(self, relation: &str, privilege: &str) -> bool {
-        self >= Level::Operator && privilege == "SELECT" && OPERATOR_READS.contains(&relation)
+        privilege == "SELECT"
+            && ((self >= Level::Operator && OPERATOR_READS.contains(&relation))
+                || (self >= Level::App && APP_READS.contains(&relation)))
     }
 
     fn role_clause(self) -> &'static str {

@@ -516,6 +516,7 @@ async fn nothing_planted_in_public_or_pg_temp_is_ever_used() {
             "attempts_to_reconcile",
             "lost_races",
             "certifications_expiring",
+            "settings",
         ] {
             operator
                 .query_one(&format!("SELECT count(*) FROM intent.{view}"), &[])
