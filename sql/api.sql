@@ -129,6 +129,14 @@ AS 'MODULE_PATHNAME', 'intent_purge';
 COMMENT ON FUNCTION intent.purge(interval, integer) IS
     'Removes up to batch_size finished jobs (succeeded, failed, cancelled) created and last changed more than older_than ago (default: the setting intent.retention), with their attempts and events; returns how many. Never touches an open job, nor one locked right now. After a purge the same key creates a new job.';
 
+-- The purge an application's worker may run (0.5.0): by the database's retention only.
+CREATE FUNCTION intent.purge_expired(batch_size integer DEFAULT 1000)
+RETURNS bigint
+LANGUAGE c VOLATILE SECURITY DEFINER
+AS 'MODULE_PATHNAME', 'intent_purge_expired';
+COMMENT ON FUNCTION intent.purge_expired(integer) IS
+    'intent.purge() by the retention the database publishes (intent.retention, 7 days by default; never with ''never''), for an application''s worker: removes up to batch_size finished jobs past it, with their attempts and events; returns how many. No argument can shorten the retention.';
+
 COMMENT ON FUNCTION intent.job_id(text, text) IS
     'The job id of an intent: SHA-256(owner_id || 0x00 || idempotency_key), first 16 bytes, UUID version 8 and RFC 9562 variant, last two bytes zero.';
 COMMENT ON FUNCTION intent.attempt_id(uuid, integer) IS

@@ -29,7 +29,8 @@
 --     (jobs_claimable_since, jobs_claimable_since_by_owner replace jobs_claimable and
 --     jobs_claimable_by_owner), with fillfactor 90: a job's outcome is a HOT update;
 --   * the view intent.settings (every intent.* setting, readable before the library is loaded),
---     and the library's default retention of 7 days (no SQL).
+--     the library's default retention of 7 days (no SQL), and intent.purge_expired, the purge
+--     an application's worker may run (by that retention only).
 
 \echo Use "ALTER EXTENSION pg_intent UPDATE TO '0.5.0'" to load this file. \quit
 
@@ -255,3 +256,16 @@ REVOKE ALL ON FUNCTION intent._load_library(), intent._settings() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION intent._load_library(), intent._settings() TO intent_app;
 GRANT SELECT ON intent.settings TO intent_app;
 -- End of 0.5.0, bounded by default.
+
+-- ---------------------------------------------------------------------------------------------
+-- 0.5.0: intent.purge_expired(batch_size), the purge an application's worker (intent_app) may
+-- run, by the database's retention only, so that a default Runner keeps the tables bounded.
+CREATE FUNCTION intent.purge_expired(batch_size integer DEFAULT 1000)
+RETURNS bigint
+LANGUAGE c VOLATILE SECURITY DEFINER
+AS 'MODULE_PATHNAME', 'intent_purge_expired';
+COMMENT ON FUNCTION intent.purge_expired(integer) IS
+    'intent.purge() by the retention the database publishes (intent.retention, 7 days by default; never with ''never''), for an application''s worker: removes up to batch_size finished jobs past it, with their attempts and events; returns how many. No argument can shorten the retention.';
+ALTER FUNCTION intent.purge_expired(integer) OWNER TO intent_owner;
+REVOKE ALL ON FUNCTION intent.purge_expired(integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION intent.purge_expired(integer) TO intent_app;

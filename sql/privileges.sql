@@ -8,7 +8,8 @@
 -- 3. Three roles carry exactly the calls each kind of user needs (grant them to login roles):
 --      intent_app       submit and run attempts: submit_job, submit_jobs, begin/complete/fail/
 --                       mark_unknown, heartbeat, cancel_job, validate_result, bound_owner, the
---                       id derivations, the view intent.settings
+--                       id derivations, the view intent.settings, purge_expired (by the
+--                       database's retention only)
 --      intent_operator  intent_app, plus abandon_attempt, record_reconciliation, sweep, purge
 --                       and reading the tables
 --      intent_admin     intent_operator, plus contracts and certifications
@@ -101,7 +102,8 @@ GRANT EXECUTE ON FUNCTION
     intent.owner_admits(text),
     intent.validate_result(text, jsonb),
     intent._load_library(),
-    intent._settings()
+    intent._settings(),
+    intent.purge_expired(integer)
   TO intent_app;
 -- The settings are no secret (any role may SHOW them once the library is loaded), and an
 -- application publishes intent.retention (how long a key is kept): every role of pg_intent

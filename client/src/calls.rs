@@ -401,6 +401,16 @@ pub async fn purge(
     Ok(u64::try_from(n).unwrap_or(0))
 }
 
+/// `intent.purge_expired`: [`purge`] by the database's retention only (`intent.retention`),
+/// which an application's role (`intent_app`) may call — it cannot choose a shorter retention
+/// than the one the database publishes. What a [`crate::Runner`] calls (pg_intent 0.5.0 on).
+pub async fn purge_expired(db: &(impl Executor + ?Sized), batch_size: u32) -> Result<u64, Error> {
+    let batch_size = i32::try_from(batch_size).unwrap_or(i32::MAX);
+    let row = query_one(db, Call::PurgeExpired, &[&batch_size], Context::default()).await?;
+    let n: i64 = get(&row, 0)?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
 /// How long finished jobs — and so their idempotency keys — are kept: the setting
 /// `intent.retention` of this session (the view `intent.settings`, which works before the
 /// library is loaded; pg_intent 0.5.0 on). `None`: `never`, kept for ever. A key submitted again

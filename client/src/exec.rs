@@ -88,6 +88,8 @@ calls! {
     Sweep => "SELECT intent.sweep()", [];
     /// `intent.purge`.
     Purge => "SELECT intent.purge($1, $2)", [INTERVAL, INT4];
+    /// `intent.purge_expired` (pg_intent 0.5.0 on).
+    PurgeExpired => "SELECT intent.purge_expired($1)", [INT4];
     // Through the view, which loads the library first (SHOW would fail in a session that has
     // not loaded it yet); seconds, computed on the server; NULL for 'never'.
     /// The retention, `intent.retention` (pg_intent 0.5.0 on: the view `intent.settings`).

@@ -7,7 +7,7 @@
 //! * **One function per SQL function**, typed end to end: [`submit_job`], [`begin_attempt`],
 //!   [`claim_attempts`], [`complete_attempt`], [`fail_attempt`] (and [`fail_attempt_after`],
 //!   with its retry delay), [`mark_unknown`], [`heartbeat`],
-//!   [`abandon_attempt`], [`cancel_job`], [`sweep`], [`purge`] (and [`retention`], the setting
+//!   [`abandon_attempt`], [`cancel_job`], [`sweep`], [`purge`] and [`purge_expired`] (and [`retention`], the setting
 //!   it uses), [`validate_result`], and for
 //!   administrators [`define_contract`], [`certify_provider`], [`revoke_certification`]. Ids
 //!   are [`Uuid`]s, states are enums ([`JobState`], [`AttemptState`], [`Completion`]), params
@@ -146,8 +146,9 @@ mod worker;
 pub use calls::{
     MAX_REASON_CHARS, abandon_attempt, begin_attempt, bind_owner, cancel_job, certify_provider,
     claim_attempts, complete_attempt, define_contract, fail_attempt, fail_attempt_after,
-    get_attempt, get_job, heartbeat, mark_unknown, next_retry_in, purge, record_reconciliation,
-    retention, revoke_certification, submit_job, sweep, unknown_attempts, validate_result,
+    get_attempt, get_job, heartbeat, mark_unknown, next_retry_in, purge, purge_expired,
+    record_reconciliation, retention, revoke_certification, submit_job, sweep, unknown_attempts,
+    validate_result,
 };
 pub use error::{Error, Unreported};
 pub use exec::{
@@ -206,6 +207,7 @@ mod tests {
         fn send<T: Send>(_: T) {}
         send(sweep(obj));
         send(purge(obj, None, 100));
+        send(purge_expired(obj, 100));
         send(retention(obj));
         let worker = Worker::new(obj, std::time::Duration::from_secs(1));
         send(worker.run(id, None, |_| async { Ok::<_, WorkError<()>>(()) }));

@@ -24,7 +24,7 @@ use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{AsyncMessage, Client, Socket};
 use uuid::Uuid;
 
-use crate::calls::{claim_attempts, next_retry_in, purge};
+use crate::calls::{claim_attempts, next_retry_in, purge_expired};
 use crate::error::Error;
 use crate::records::ClaimedAttempt;
 use crate::report::Reconnect;
@@ -139,11 +139,10 @@ pub enum Event {
         jobs: u64,
     },
     /// A purge failed; the runner tries again at the next period. Without `EXECUTE` on
-    /// `intent.purge` (`42501`: the runner's role is not in `intent_operator`) it stops purging
-    /// for the rest of the run: schedule `intent.purge()` with pg_cron instead
-    /// (docs/scheduling.md), or grant the role `intent_operator`. Against a pg_intent older than
-    /// 0.5.0, whose `intent.retention` has no default, every purge fails with `22023` until the
-    /// database sets one (or the runner's purge is turned off, [`Runner::purge`]).
+    /// `intent.purge_expired` (`42501`: the runner's role is not in `intent_app`) or against a
+    /// pg_intent older than 0.5.0, which has no such function (`42883`), it says so once and
+    /// stops purging for the rest of the run: schedule `intent.purge()` with pg_cron instead
+    /// (docs/scheduling.md), or turn the runner's purge off ([`Runner::purge`]).
     PurgeFailed {
         /// Why.
         error: BoxError,
@@ -468,15 +467,15 @@ impl<C: Connections> Runner<C> {
     /// How often to purge finished jobs past the retention (default every minute; each period
     /// is drawn within ±20% of it, so that runners started together spread their purges).
     ///
-    /// A purge calls `intent.purge()` without a retention, so the database's setting decides:
+    /// A purge calls `intent.purge_expired()`, which takes no retention: the database's setting decides:
     /// `intent.retention` (7 days by default, `never` to keep finished jobs for ever;
     /// docs/reference.md § 7). Each call removes at most [`Runner::purge_batch`] jobs, on a
     /// connection taken for that call only; while a batch comes back full the purge goes on
     /// after [`Runner::purge_pause`], so a backlog is worked off without holding the database
     /// or the runner's connections. Concurrent purges (many runners) skip each other's jobs
     /// (`SKIP LOCKED`) and never touch an unfinished job, so claims never wait for them.
-    /// It needs `EXECUTE` on `intent.purge` (`intent_operator`); without it the runner says so
-    /// once ([`Event::PurgeFailed`]) and stops purging.
+    /// It needs `EXECUTE` on `intent.purge_expired` (`intent_app`, the role a runner has
+    /// anyway); without it the runner says so once ([`Event::PurgeFailed`]) and stops purging.
     pub fn purge_every(mut self, every: Duration) -> Self {
         self.purge.every = every.max(Duration::from_millis(10));
         self
@@ -970,14 +969,18 @@ async fn purge_loop<C: Connections, F>(
         loop {
             let batch = async {
                 let conn = shared.db.connection().await?;
-                let n = purge(&conn, None, settings.batch).await?;
+                let n = purge_expired(&conn, settings.batch).await?;
                 Ok::<u64, BoxError>(n)
             };
             let n = match batch.await {
                 Ok(n) => n,
                 Err(error) => {
-                    let denied =
-                        error.downcast_ref::<Error>().and_then(Error::code) == Some("42501");
+                    // No right to purge, or no intent.purge_expired (a library older than
+                    // 0.5.0): asking again every period would only repeat the error.
+                    let denied = matches!(
+                        error.downcast_ref::<Error>().and_then(Error::code),
+                        Some("42501" | "42883")
+                    );
                     shared.emit(Event::PurgeFailed { error });
                     if denied {
                         return;

@@ -893,10 +893,11 @@ async fn a_backlog_is_purged_in_bounded_batches_with_a_pause_between_them() {
     assert_eq!(intent::retention(&db).await.unwrap(), None);
 }
 
-/// A runner whose role may not purge (`intent_app` only) says so once and stops purging; its
-/// claims go on.
+/// A runner whose role is `intent_app` only purges (`intent.purge_expired`, by the database's
+/// retention): a default deployment keeps its tables bounded. With that right revoked (a DBA's
+/// choice) it says so once and stops purging; its claims go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_runner_that_may_not_purge_says_so_once_and_goes_on_working() {
+async fn a_runner_as_intent_app_purges_and_one_that_may_not_says_so_once() {
     let t = TestDb::new().await;
     let db = t.conn().await;
     let role = format!("app_{}", std::process::id());
@@ -906,47 +907,66 @@ async fn a_runner_that_may_not_purge_says_so_once_and_goes_on_working() {
     ))
     .await
     .unwrap();
-    let mut config: tokio_postgres::Config = t.conn_str().parse().unwrap();
-    config.user(&role);
-    let pool = deadpool_postgres::Pool::builder(deadpool_postgres::Manager::new(
-        config,
-        tokio_postgres::NoTls,
-    ))
-    .max_size(2)
-    .build()
-    .unwrap();
-    let failures = Arc::new(Mutex::new(Vec::<String>::new()));
-    let seen = failures.clone();
-    let runner = Runner::new(pool, Duration::from_secs(60))
-        .provider("gpu-a")
-        .poll_every(Duration::from_millis(100))
-        .purge_every(Duration::from_millis(50))
-        .on_event(move |e| {
-            if let Event::PurgeFailed { error } = e {
-                seen.lock().unwrap().push(error.to_string());
-            }
-        });
-    let (stop, until) = signal();
-    let shutdown = until();
-    let handle = tokio::spawn(async move {
-        runner
-            .run(
-                |_: ClaimedAttempt| std::future::ready(Ok::<_, WorkError<Value>>(json!({}))),
-                shutdown,
+    let old = finished(&db, "old", 30).await;
+    for revoked in [false, true] {
+        if revoked {
+            db.batch_execute(
+                "REVOKE EXECUTE ON FUNCTION intent.purge_expired(integer) FROM intent_app",
             )
             .await
-    });
-    let job = submit(&db, "work", "gpu-a", json!({})).await;
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            job_state(&db, job).await == JobState::Succeeded
-        })
-        .await
-    );
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let _ = stop.send(true);
-    let summary = handle.await.unwrap();
-    assert_eq!(summary.completed, 1);
-    let failures = failures.lock().unwrap().clone();
-    assert_eq!(failures.len(), 1, "once, then no more: {failures:?}");
+            .unwrap();
+        }
+        let mut config: tokio_postgres::Config = t.conn_str().parse().unwrap();
+        config.user(&role);
+        let pool = deadpool_postgres::Pool::builder(deadpool_postgres::Manager::new(
+            config,
+            tokio_postgres::NoTls,
+        ))
+        .max_size(2)
+        .build()
+        .unwrap();
+        let failures = Arc::new(Mutex::new(Vec::<String>::new()));
+        let seen = failures.clone();
+        let runner = Runner::new(pool, Duration::from_secs(60))
+            .provider("gpu-a")
+            .poll_every(Duration::from_millis(100))
+            .purge_every(Duration::from_millis(50))
+            .on_event(move |e| {
+                if let Event::PurgeFailed { error } = e {
+                    seen.lock().unwrap().push(error.to_string());
+                }
+            });
+        let (stop, until) = signal();
+        let shutdown = until();
+        let handle = tokio::spawn(async move {
+            runner
+                .run(
+                    |_: ClaimedAttempt| std::future::ready(Ok::<_, WorkError<Value>>(json!({}))),
+                    shutdown,
+                )
+                .await
+        });
+        let job = submit(&db, &format!("work-{revoked}"), "gpu-a", json!({})).await;
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                job_state(&db, job).await == JobState::Succeeded
+            })
+            .await
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let _ = stop.send(true);
+        let summary = handle.await.unwrap();
+        assert_eq!(summary.completed, 1);
+        let failures = failures.lock().unwrap().clone();
+        if revoked {
+            assert_eq!(failures.len(), 1, "once, then no more: {failures:?}");
+            assert!(failures[0].contains("permission denied"), "{failures:?}");
+        } else {
+            assert_eq!(failures, Vec::<String>::new(), "intent_app may purge");
+            assert!(
+                !exists(&db, old).await,
+                "the finished job past the retention is gone"
+            );
+        }
+    }
 }

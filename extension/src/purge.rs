@@ -58,6 +58,17 @@ fn purge_entry(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
     Ok(value(fcinfo, Some(purged)))
 }
 
+crate::entry::sql_function!(purge_expired, purge_expired_entry);
+
+/// `intent.purge_expired(batch_size)` → bigint: `purge` by the database's retention only, so
+/// that an application's own worker (intent_app) keeps the tables bounded without being able to
+/// choose a shorter retention than the one the database publishes (intent.retention is a
+/// superuser setting).
+fn purge_expired_entry(fcinfo: pg_sys::FunctionCallInfo) -> Answer<pg_sys::Datum> {
+    let purged = purge(None, arg(fcinfo, 0))?;
+    Ok(value(fcinfo, Some(purged)))
+}
+
 fn purge(older_than: Option<Interval>, batch_size: Option<i32>) -> Answer<i64> {
     let batch_size = input::required("batch_size", batch_size)?;
     if !(1..=MAX_BATCH).contains(&batch_size) {

@@ -20,6 +20,8 @@ const APP_CALLS: &[&str] = &[
     "job_of",
     "bound_owner",
     "owner_admits",
+    // The purge by the database's retention only, for an application's worker (0.5.0).
+    "purge_expired",
     // What the view intent.settings calls (it reads no table: settings, readable by any role).
     "_load_library",
     "_settings",
