@@ -39,6 +39,7 @@ reverse_order_finish     -      failure point 4
 retries                  -      the default backoff and retry_after (the backoff rule, written once for every mode)
 claim_contention         -      a claim goes past the jobs other transactions hold
 claim_start              -      where a backend's claims start, and the whole read every intent.claim_rescan
+retention                -      the default retention, 'never', intent.settings before the library loads, concurrent purges beside a claim
 lang                     -      the four failure points from Python and Node.js, as ordinary roles
 host_database            citus  starts its own single-node servers, one per way of loading the library
 security                 -      owner isolation, privileges, definer rights

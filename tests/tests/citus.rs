@@ -1792,9 +1792,41 @@ async fn a_distributed_installation_upgrades_with_a_job_in_flight() {
             .unwrap()
             .job_id;
         let a = begin(&c, job, None, "1 hour").await.unwrap();
+        // A job waiting in the queue: the update gives it its retry_at (0.5.0's claim key).
+        let waiting = submit(&c, "u", "waiting", "gpu", &json!({}))
+            .await
+            .unwrap()
+            .job_id;
         c.batch_execute("ALTER EXTENSION pg_intent UPDATE")
             .await
             .unwrap_or_else(|e| panic!("UPDATE from {from}: {}", SqlError::from_error(&e).message));
+        let keyed: bool = c
+            .query_one(
+                "SELECT retry_at IS NOT DISTINCT FROM updated_at FROM intent.jobs WHERE id = $1",
+                &[&waiting],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(
+            keyed,
+            "from {from}: the waiting job keyed by the time it was claimable from"
+        );
+        let claimed: Vec<Uuid> = c
+            .query(
+                "SELECT job_id FROM intent.claim_attempts(ARRAY['gpu'], 'w', '1 hour', 5)",
+                &[],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("from {from}: claim: {:?}", SqlError::from_error(&e)))
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(
+            claimed,
+            vec![waiting],
+            "from {from}: the waiting job is claimed after the update"
+        );
         let shards: i64 = c
             .query_one(
                 "SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'intent.jobs'::regclass",
