@@ -174,6 +174,15 @@ setup_all() {
 # kept) and prints that server's bin directory; it prints nothing when there is no vendored
 # source, and the caller says what it skipped.
 CITUS_VERSION=13.2.2
+# The vendored tarballs' sha256 (../shared/vendor/README.md): what is built and installed as root
+# is exactly what was vetted.
+CITUS_SHA256=dd2453caec20a830e5e63f1def5c5a98cb6f57ae510407cdcd800916fcdab430
+PG_TLE_SHA256=8fb28f2a79d452ebd244a072f5eee7570894abca3112fbb27df033f78003480f
+check_vendored() { # check_vendored FILE SHA256
+  local got
+  got="$(sha256sum "$1" | cut -d' ' -f1)"
+  [ "$got" = "$2" ] || die "$1: sha256 $got, expected $2"
+}
 VENDOR_DIR="${PG_INTENT_VENDOR_DIR:-$ROOT/../shared/vendor}"
 
 install_citus() {
@@ -198,6 +207,7 @@ install_citus() {
     as_root apt-get update -q >&2
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q "${want[@]}" >&2
   fi
+  check_vendored "$tarball" "$CITUS_SHA256"
   log "building Citus $CITUS_VERSION from $tarball into PostgreSQL $DEFAULT_MAJOR (once; a few minutes)"
   tmp="$(mktemp -d)"
   tar xzf "$tarball" -C "$tmp"
@@ -270,6 +280,7 @@ install_pg_tle() { # install_pg_tle MAJOR -> bin directory of a server with pg_t
       as_root apt-get update -q >&2
       DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q flex bison >&2
     fi
+    check_vendored "$tarball" "$PG_TLE_SHA256"
     log "building pg_tle $PG_TLE_VERSION from $tarball into $dir (once; under a minute)"
     tmp="$(mktemp -d)"
     tar xzf "$tarball" -C "$tmp"

@@ -154,6 +154,9 @@ BEGIN
         worker := EXISTS (SELECT FROM pg_catalog.pg_dist_local_group g WHERE g.groupid OPERATOR(pg_catalog.<>) 0);
     END IF;
     IF NOT worker THEN
+        -- Writers wait from here to the update's commit: a session still running the older
+        -- library would otherwise commit a pending job without a retry time in between.
+        LOCK TABLE intent.jobs IN SHARE ROW EXCLUSIVE MODE;
         -- A pending job with attempts left was claimable since its retry time, or since it
         -- last changed (the old claim's key); any other job has none.
         UPDATE intent.jobs SET retry_at = updated_at

@@ -136,11 +136,15 @@ calls! {
     // `jobs_claimable_since` index (0.5.0 on; a job claimable now, or with no retry time on an
     // older catalog, is not ahead); computed on the server so that clock skew does not matter.
     /// How long until the next retry time of a claimable job (reads `intent.jobs`).
-    NextRetryIn => "SELECT extract(epoch FROM min(retry_at) - statement_timestamp())::float8 \
+    // Every operator schema-qualified: a worker's search_path may hold a schema a tenant can
+    // write to, where an operator of a better match would be chosen over pg_catalog's.
+    NextRetryIn => "SELECT extract(epoch FROM min(retry_at) OPERATOR(pg_catalog.-) \
+                    pg_catalog.statement_timestamp())::float8 \
                     FROM intent.jobs \
-                    WHERE retry_at > statement_timestamp() \
-                    AND state = 'pending' AND attempt_count < max_attempts \
-                    AND ($1::text[] IS NULL OR provider = ANY ($1))",
+                    WHERE retry_at OPERATOR(pg_catalog.>) pg_catalog.statement_timestamp() \
+                    AND state OPERATOR(pg_catalog.=) 'pending'::intent.job_state \
+                    AND attempt_count OPERATOR(pg_catalog.<) max_attempts \
+                    AND ($1::text[] IS NULL OR provider OPERATOR(pg_catalog.=) ANY ($1::text[]))",
         [TEXT_ARRAY];
     /// `intent.record_reconciliation` (pg_intent 0.4.0 on).
     RecordReconciliation => "SELECT intent.record_reconciliation($1, $2, $3)",

@@ -245,14 +245,45 @@ const PINNED: [(&std::ffi::CStr, &std::ffi::CStr); 2] = [
     (c"quote_all_identifiers", c"off"),
 ];
 
+/// The time zone every call computes in: UTC. PostgreSQL adds an interval's days and months to a
+/// `timestamptz` in the session's `TimeZone`, which any role may set — to a made-up POSIX zone
+/// whose daylight-saving jump is days long — so that `now + retry_after`, a lease's deadline or a
+/// purge's cutoff `now - retention` would move by up to days (the attacker's review of 0.5.0: a
+/// tenant's retry claimed ahead of every other owner's jobs; a purge removing jobs that
+/// finished minutes before). Pinned only when the session's zone is not UTC itself: a pointer
+/// comparison in the common case, no setting parsed.
+const PINNED_TIME_ZONE: &std::ffi::CStr = c"UTC";
+
+thread_local! {
+    /// PostgreSQL's zone for "UTC" (its time zone cache keeps it for the backend's life).
+    static UTC: std::cell::Cell<*mut pg_sys::pg_tz> = const { std::cell::Cell::new(std::ptr::null_mut()) };
+}
+
+/// Whether the session's time zone is another than UTC.
+fn zone_is_not_utc() -> bool {
+    // SAFETY: pg_tzset looks the zone up in (or loads it into) PostgreSQL's cache, whose entries
+    // live as long as the backend; session_timezone is the current zone.
+    unsafe {
+        let mut utc = UTC.get();
+        if utc.is_null() {
+            utc = pg_sys::pg_tzset(PINNED_TIME_ZONE.as_ptr());
+            UTC.set(utc);
+        }
+        utc.is_null() || pg_sys::session_timezone != utc
+    }
+}
+
 impl PinnedSearchPath {
     pub(crate) fn push() -> Self {
         // SAFETY: what fmgr_security_definer does for a function's SET clause. The value is
         // copied by the GUC machinery; the level is closed in `drop`, or by the abort of the
         // (sub)transaction an error ends.
+        let utc = zone_is_not_utc();
         let level = unsafe {
             let level = pg_sys::NewGUCNestLevel();
-            for (name, value) in PINNED {
+            let zone = [(c"TimeZone", PINNED_TIME_ZONE)];
+            let zone: &[(&std::ffi::CStr, &std::ffi::CStr)] = if utc { &zone } else { &[] };
+            for (name, value) in PINNED.iter().chain(zone) {
                 pg_sys::set_config_option(
                     name.as_ptr(),
                     value.as_ptr(),

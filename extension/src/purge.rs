@@ -31,8 +31,24 @@ const NEVER: &str = "never";
 /// The most jobs one call removes: a purge must never hold many locks or one long transaction.
 use pg_intent_protocol::limits::MAX_PURGE_BATCH as MAX_BATCH;
 
+thread_local! {
+    /// Whether this session's `intent.retention` is not the one the database gave it: a value
+    /// was waiting for the library (a placeholder) and did not survive its registration. A
+    /// client's startup option (`-c intent.retention=…`, `PGOPTIONS`) outranks the database's,
+    /// role's and file's values, so those are never kept for the placeholder; at registration
+    /// PostgreSQL refuses the client's value (only superusers may set it) and falls back to the
+    /// built-in default, 7 days — whatever the database said (`never`, `30 days`). A purge by
+    /// the setting then refuses (the attacker's review of 0.5.0).
+    static RETENTION_DISPLACED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Registers `intent.retention`; called from `_PG_init`.
 pub fn register() {
+    // SAFETY: reads the placeholder's value, if there is one, before the setting replaces it.
+    let waiting = unsafe {
+        let v = pg_sys::GetConfigOption(c"intent.retention".as_ptr(), true, false);
+        (!v.is_null()).then(|| std::ffi::CStr::from_ptr(v).to_owned())
+    };
     GucRegistry::define_string_guc(
         c"intent.retention",
         c"How long finished jobs are kept before intent.purge() may remove them (an interval).",
@@ -41,6 +57,9 @@ pub fn register() {
         GucContext::Suset,
         GucFlags::default(),
     );
+    if let Some(waiting) = waiting {
+        RETENTION_DISPLACED.set(RETENTION.get().as_deref() != Some(waiting.as_c_str()));
+    }
 }
 
 /// Parses and checks the retention: positive, given or from the setting.
@@ -79,6 +98,13 @@ fn purge(older_than: Option<Interval>, batch_size: Option<i32>) -> Answer<i64> {
                     "Call intent.purge() repeatedly (pg_cron does) rather than in one huge batch.",
                 ),
         );
+    }
+    if older_than.is_none() && RETENTION_DISPLACED.get() {
+        return Err(Refusal::insufficient_privilege(
+            "this session's intent.retention is not the database's: a value only a superuser may set was given before the library loaded",
+        )
+        .detail("A client's startup option (-c intent.retention=…, PGOPTIONS) or SET of intent.retention before the library loaded displaced the retention the database, role or configuration file gives; PostgreSQL then fell back to the built-in default.")
+        .hint("Reconnect without setting intent.retention (or preload the library: shared_preload_libraries), or pass the retention explicitly to intent.purge()."));
     }
     let setting = RETENTION.get().map(|c| c.to_string_lossy().into_owned());
     // 'never': nothing is past the retention. Only the setting may say so; an explicit

@@ -309,3 +309,122 @@ async fn a_key_past_the_retention_is_a_new_job_and_submit_job_says_so() {
     assert!(!replay.created);
     assert_eq!(notices.lock().unwrap().len(), 1);
 }
+
+/// A client cannot displace the database's retention (the attacker's review of 0.5.0): a
+/// startup option outranks the database's value, so PostgreSQL never keeps that value for the
+/// library, refuses the client's (a superuser setting) when the library registers it, and falls
+/// back to the built-in 7 days. Such a session's purge by the setting refuses (42501) instead
+/// of purging by 7 days what the database keeps for ever; an ordinary session purges by the
+/// database's value. Fails with the check in purge.rs removed: the old jobs are purged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_option_cannot_displace_the_databases_retention() {
+    let db = Cluster::shared().fresh_db("retention_displaced").await;
+    let admin = db.connect().await;
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{}\" SET intent.retention = 'never'",
+            db.name
+        ))
+        .await
+        .unwrap();
+    let old = old_finished(&admin, "kept", 30).await;
+    let role = create_login_role(&admin, "app", "IN ROLE intent_app").await;
+    let (forged, _) =
+        pg_intent_tests::roles::connect_role_with(&db, &role, Some("-c intent.retention=1s"))
+            .await
+            .unwrap();
+    refusal(
+        forged
+            .query_one("SELECT intent.purge_expired(100)", &[])
+            .await,
+        "42501",
+    );
+    assert!(exists(&admin, old).await, "the database keeps it for ever");
+    let plain = connect_role(&db, &role).await;
+    let n: i64 = plain
+        .query_one("SELECT intent.purge_expired(100)", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0, "'never', the database's value");
+    assert!(exists(&admin, old).await);
+}
+
+/// The session's `TimeZone` cannot move a time a call computes (the attacker's review of
+/// 0.5.0): PostgreSQL adds an interval's days in the session's zone, and a made-up zone with a
+/// days-long daylight-saving jump inside the window would put a retry time days early (a
+/// tenant's job ahead of every other owner's) or a purge's cutoff in the future. Every call
+/// computes in UTC. Fails without the pin (entry.rs): the retry time is off by the jump.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_time_zone_cannot_move_a_retry_time_or_a_purge() {
+    let db = Cluster::shared().fresh_db("retention_time_zone").await;
+    let c = db.connect().await;
+    // A zone whose jump lies within the next 7 days: then now + 7 days, computed in it, is not
+    // 604,800 seconds away.
+    c.batch_execute(
+        "DO $$ DECLARE z text; BEGIN
+           FOR j IN 1..365 LOOP
+             z := format('AAA+120BBB-120,J%s/0,J%s/0', j, (j + 27) % 365 + 1);
+             PERFORM set_config('TimeZone', z, false);
+             IF extract(epoch FROM (now() + interval '7 days') - now()) <> 604800 THEN
+               PERFORM set_config('test.zone', z, false);
+               EXIT;
+             END IF;
+           END LOOP;
+           PERFORM set_config('TimeZone', 'UTC', false);
+         END $$",
+    )
+    .await
+    .unwrap();
+    let zone: String = c
+        .query_one(
+            "SELECT coalesce(current_setting('test.zone', true), '')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!zone.is_empty(), "a zone that moves now + 7 days");
+    let s = submit(&c, "tz", "k", "gpu-a", &json!({})).await.unwrap();
+    let a = begin(&c, s.job_id, None, "1 hour").await.unwrap();
+    c.batch_execute(&format!("SET TimeZone = '{zone}'"))
+        .await
+        .unwrap();
+    let moved: f64 = c
+        .query_one(
+            "SELECT extract(epoch FROM (now() + interval '7 days') - now())::float8",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_ne!(moved, 604_800.0, "the zone moves it in the session: {zone}");
+    c.query_one(
+        "SELECT intent.fail_attempt($1, $2, '{}', true, interval '7 days')",
+        &[&a.attempt_id, &a.version],
+    )
+    .await
+    .unwrap();
+    let gap: f64 = c
+        .query_one(
+            "SELECT extract(epoch FROM retry_at - updated_at)::float8 FROM intent.jobs WHERE id = $1",
+            &[&s.job_id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(gap, 604_800.0, "7 days of 24 hours in {zone}");
+    // A job that finished a minute ago is not past a retention of 7 days, in any zone.
+    let recent = submit(&c, "tz", "recent", "gpu-a", &json!({}))
+        .await
+        .unwrap();
+    assert!(cancel(&c, recent.job_id, None).await.unwrap());
+    c.batch_execute("SET intent.retention = '7 days'")
+        .await
+        .unwrap();
+    let _ = c.query_one("SELECT intent.purge()", &[]).await.unwrap();
+    assert!(
+        exists(&c, recent.job_id).await,
+        "kept: it finished a minute ago"
+    );
+}

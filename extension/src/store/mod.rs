@@ -347,7 +347,7 @@ static REOPEN_JOB: Statement = Statement {
     name: "ReopenJob",
     sql: concat!(
         "UPDATE intent.jobs j SET state = 'pending', updated_at = $5,
-                 retry_at = CASE WHEN j.attempt_count < j.max_attempts THEN $5 + coalesce($2, ",
+                 retry_at = $5 + CASE WHEN j.attempt_count < j.max_attempts THEN coalesce($2, ",
         backoff_sql!(),
         ") END
            WHERE j.id = $1 AND j.state IN ('running', 'unknown')
