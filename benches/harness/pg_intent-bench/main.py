@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Long-horizon adapter for pg_intent (https://github.com/… pg_intent, a PostgreSQL extension).
+"""Long-horizon adapter for pg_intent, a PostgreSQL extension.
 
 pg_intent is not a job-queue library: it is an extension whose SQL API keeps one durable job
 per (owner, idempotency key) and runs it as attempts. Its worker surface is plain SQL, so this
