@@ -55,6 +55,14 @@ CONNECTION_LOST = (
 )
 
 
+# PG_INTENT_CLAIM_RESCAN (e.g. "10s"): the session's intent.claim_rescan, for experiments; unset,
+# the server's (1 s by default).
+CONNECT_OPTIONS = (
+    {"options": f"-c intent.claim_rescan={os.environ['PG_INTENT_CLAIM_RESCAN']}"}
+    if os.environ.get("PG_INTENT_CLAIM_RESCAN") else {}
+)
+
+
 def env_int(key: str, default: int) -> int:
     value = os.environ.get(key)
     return int(value) if value not in (None, "") else default
@@ -152,7 +160,8 @@ class Conn:
                 raise asyncio.CancelledError()
             try:
                 self.conn = await psycopg.AsyncConnection.connect(
-                    database_url(), autocommit=True, application_name=f"pg_intent-bench {self.name}"
+                    database_url(), autocommit=True, application_name=f"pg_intent-bench {self.name}",
+                    **CONNECT_OPTIONS,
                 )
             except psycopg.Error:
                 await asyncio.sleep(delay)
