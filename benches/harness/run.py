@@ -289,6 +289,7 @@ def main():
             "pg_intent_so_sha256": hashlib.sha256(so.read_bytes()).hexdigest() if so.exists() else None,
             "pg_intent_commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
                                                capture_output=True, text=True).stdout.strip(),
+            "env": {k: v for k, v in os.environ.items() if k in ("PG_INTENT_CLAIM_RESCAN", "PG_BIN")},
             "cells": {}}
     cluster = Cluster(work)
     try:

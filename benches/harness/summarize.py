@@ -198,7 +198,8 @@ def main():
           f"PostgreSQL {meta.get('server_version', '?')}, {meta.get('nproc', '?')} CPUs, load average at start "
           f"{', '.join(f'{x:.2f}' for x in meta.get('loadavg_at_start', []))}; pg_intent commit "
           f"`{meta.get('pg_intent_commit', '?')[:10]}`, pg_intent.so sha256 `{(meta.get('pg_intent_so_sha256') or '?')[:12]}`; "
-          f"upstream `{meta.get('upstream_commit', '?')[:10]}`. Arguments: `{json.dumps(meta.get('args', {}))}`.", ""]
+          f"upstream `{meta.get('upstream_commit', '?')[:10]}`. Arguments: `{json.dumps(meta.get('args', {}))}`"
+          f"{'; environment: `' + json.dumps(meta['env']) + '`' if meta.get('env') else ''}.", ""]
     for cell in CELL_ORDER:
         raw = d / f"{cell}.raw.csv"
         if not raw.exists():
