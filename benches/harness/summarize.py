@@ -108,6 +108,7 @@ def phase_figures(sysd, poll_rows):
         enq = [v for t, v, ph in s["enqueue_rate"] if ph == label]
         depth = [v for t, v, ph in s["queue_depth"] if ph == label]
         act, claim_ms, load = poll_rates(poll_rows, start, end)
+        act60, claim60, _ = poll_rates(poll_rows, end - 60, end)
         figs[label] = {
             "type": ptype, "seconds": round(end - start),
             "claim_p99_ms": med(p99) if p99 else med(p99_all),
@@ -117,6 +118,7 @@ def phase_figures(sysd, poll_rows):
             "enqueue_rate": statistics.mean(enq) if enq else None,
             "queue_depth_max": max(depth) if depth else None,
             "db_active_ms_per_s": act, "claim_stmt_mean_ms": claim_ms, "load1": load,
+            "db_active_last60_ms_per_s": act60, "claim_stmt_last60_ms": claim60,
         }
     return figs
 
@@ -207,8 +209,8 @@ def main():
         data = load_cell(raw)
         info = meta.get("cells", {}).get(cell, {})
         md += [f"## {cell}", "", f"`{info.get('command', '')}` — exit {info.get('rc', '?')}, {info.get('seconds', '?')} s", ""]
-        md += ["| system | phase | s | claim p99 ms (median / last 60 s / max) | p50 ms | completed/s | offered/s | max depth | DB active ms/s | claim stmt ms | load | p99 ÷ clean | last-60 s p99 ÷ clean | tput ÷ clean | active ÷ clean |",
-               "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+        md += ["| system | phase | s | claim p99 ms (median / last 60 s / max) | p50 ms | completed/s | offered/s | max depth | DB active ms/s (phase / last 60 s) | claim stmt ms (phase / last 60 s) | load | p99 ÷ clean (phase / last 60 s) | tput ÷ clean | active ÷ clean (phase / last 60 s) |",
+               "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
         cell_sum = {}
         for system, sysd in data.items():
             figs = phase_figures(sysd, poll.get((cell, DBS.get(system, "")), []))
@@ -219,12 +221,14 @@ def main():
                 f["p99_last60_ratio"] = ratio(f["claim_p99_last60_ms"], clean.get("claim_p99_ms"))
                 f["throughput_ratio"] = ratio(f["completion_rate"], clean.get("completion_rate"))
                 f["active_ratio"] = ratio(f["db_active_ms_per_s"], clean.get("db_active_ms_per_s"))
+                f["active_last60_ratio"] = ratio(f["db_active_last60_ms_per_s"], clean.get("db_active_ms_per_s"))
                 md.append(f"| {NAMES.get(system, system)} | {lab} ({f['type']}) | {f['seconds']} | "
                           f"{fmt(f['claim_p99_ms'])} / {fmt(f['claim_p99_last60_ms'])} / {fmt(f['claim_p99_max_ms'])} | "
                           f"{fmt(f['claim_p50_ms'])} | {fmt(f['completion_rate'])} | {fmt(f['enqueue_rate'])} | "
-                          f"{fmt(f['queue_depth_max'], 0)} | {fmt(f['db_active_ms_per_s'])} | {fmt(f['claim_stmt_mean_ms'], 2)} | "
-                          f"{fmt(f['load1'], 2)} | {fmt(f['p99_ratio'], 2)} | {fmt(f['p99_last60_ratio'], 2)} | "
-                          f"{fmt(f['throughput_ratio'], 2)} | {fmt(f['active_ratio'], 2)} |")
+                          f"{fmt(f['queue_depth_max'], 0)} | {fmt(f['db_active_ms_per_s'], 0)} / {fmt(f['db_active_last60_ms_per_s'], 0)} | "
+                          f"{fmt(f['claim_stmt_mean_ms'], 2)} / {fmt(f['claim_stmt_last60_ms'], 2)} | "
+                          f"{fmt(f['load1'], 2)} | {fmt(f['p99_ratio'], 2)} / {fmt(f['p99_last60_ratio'], 2)} | "
+                          f"{fmt(f['throughput_ratio'], 2)} | {fmt(f['active_ratio'], 2)} / {fmt(f['active_last60_ratio'], 2)} |")
             back = back_to_clean(sysd, clean, stress) if stress else None
             enq = sum(v * 5 for _, v, _ in sysd["series"]["enqueue_rate"])
             done = sum(v * 5 for _, v, _ in sysd["series"]["completion_rate"])
