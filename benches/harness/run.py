@@ -213,7 +213,7 @@ class Poller(threading.Thread):
             w = csv.writer(fh)
             if new:
                 w.writerow(["cell", "t", "datname", "active_time_ms", "xact_commit", "xact_rollback",
-                            "claim_calls", "claim_total_ms", "load1"])
+                            "claim_calls", "claim_total_ms", "load1", "blks", "claim_blks"])
             conn = None
             while not self.stop_ev.is_set():
                 try:
@@ -226,14 +226,16 @@ class Poller(threading.Thread):
                     rows = conn.execute(
                         "SELECT d.datname, d.active_time, d.xact_commit, d.xact_rollback, "
                         "coalesce(sum(s.calls) FILTER (WHERE s.query LIKE p.pat), 0), "
-                        "coalesce(sum(s.total_exec_time) FILTER (WHERE s.query LIKE p.pat), 0) "
+                        "coalesce(sum(s.total_exec_time) FILTER (WHERE s.query LIKE p.pat), 0), "
+                        "d.blks_hit + d.blks_read, "
+                        "coalesce(sum(s.shared_blks_hit + s.shared_blks_read) FILTER (WHERE s.query LIKE p.pat), 0) "
                         "FROM pg_stat_database d "
                         "JOIN (VALUES ('pg_intent_bench', %s), ('pgboss_bench', %s)) p(db, pat) ON p.db = d.datname "
                         "LEFT JOIN pg_stat_statements s ON s.dbid = d.datid "
-                        "GROUP BY 1, 2, 3, 4",
+                        "GROUP BY d.datname, d.active_time, d.xact_commit, d.xact_rollback, d.blks_hit, d.blks_read",
                         (CLAIM_PATTERNS["pg_intent_bench"], CLAIM_PATTERNS["pgboss_bench"])).fetchall()
                     for r in rows:
-                        w.writerow([self.cell, f"{t:.3f}", *r, f"{load1:.2f}"])
+                        w.writerow([self.cell, f"{t:.3f}", *r[:6], f"{load1:.2f}", *r[6:]])
                     fh.flush()
                 except Exception:
                     conn = None  # down during the restart cell

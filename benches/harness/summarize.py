@@ -74,7 +74,8 @@ def load_poll(path: Path):
         for r in csv.DictReader(fh):
             rows[(r["cell"], r["datname"])].append((float(r["t"]), float(r["active_time_ms"]),
                                                   float(r["claim_calls"]), float(r["claim_total_ms"]),
-                                                  float(r["load1"])))
+                                                  float(r["load1"]), float(r.get("blks") or "nan"),
+                                                  float(r.get("claim_blks") or "nan")))
     return rows
 
 
@@ -95,6 +96,23 @@ def poll_rates(rows, start, end):
     return act / span, (cms / calls if calls else None), statistics.mean(r[4] for r in sel)
 
 
+def poll_buffers(rows, start, end):
+    """Shared buffers (hit + read) per second in the database, and per claim statement: the
+    work done, whatever the CPU the machine had left to do it with (active time counts a
+    backend waiting for a CPU as active)."""
+    sel = [r for r in rows if start <= r[0] <= end and len(r) > 6 and r[5] == r[5]]
+    if len(sel) < 2:
+        return None, None
+    blks = cblks = calls = 0.0
+    for a, b in zip(sel, sel[1:]):
+        if b[5] >= a[5]:
+            blks += b[5] - a[5]
+        if b[6] >= a[6] and b[2] >= a[2]:
+            cblks += b[6] - a[6]
+            calls += b[2] - a[2]
+    return blks / (sel[-1][0] - sel[0][0]), (cblks / calls if calls else None)
+
+
 def phase_figures(sysd, poll_rows):
     s = sysd["series"]
     figs = {}
@@ -109,6 +127,8 @@ def phase_figures(sysd, poll_rows):
         depth = [v for t, v, ph in s["queue_depth"] if ph == label]
         act, claim_ms, load = poll_rates(poll_rows, start, end)
         act60, claim60, _ = poll_rates(poll_rows, end - 60, end)
+        bufs, claim_bufs = poll_buffers(poll_rows, start, end)
+        bufs60, claim_bufs60 = poll_buffers(poll_rows, end - 60, end)
         figs[label] = {
             "type": ptype, "seconds": round(end - start),
             "claim_p99_ms": med(p99) if p99 else med(p99_all),
@@ -119,6 +139,8 @@ def phase_figures(sysd, poll_rows):
             "queue_depth_max": max(depth) if depth else None,
             "db_active_ms_per_s": act, "claim_stmt_mean_ms": claim_ms, "load1": load,
             "db_active_last60_ms_per_s": act60, "claim_stmt_last60_ms": claim60,
+            "db_buffers_per_s": bufs, "db_buffers_last60_per_s": bufs60,
+            "claim_stmt_buffers": claim_bufs, "claim_stmt_last60_buffers": claim_bufs60,
         }
     return figs
 
@@ -212,6 +234,7 @@ def main():
         md += ["| system | phase | s | claim p99 ms (median / last 60 s / max) | p50 ms | completed/s | offered/s | max depth | DB active ms/s (phase / last 60 s) | claim stmt ms (phase / last 60 s) | load | p99 ÷ clean (phase / last 60 s) | tput ÷ clean | active ÷ clean (phase / last 60 s) |",
                "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
         cell_sum = {}
+        bufrows: list[str] = []
         for system, sysd in data.items():
             figs = phase_figures(sysd, poll.get((cell, DBS.get(system, "")), []))
             clean = next((f for f in figs.values() if f["type"] == "clean"), {})
@@ -229,6 +252,11 @@ def main():
                           f"{fmt(f['claim_stmt_mean_ms'], 2)} / {fmt(f['claim_stmt_last60_ms'], 2)} | "
                           f"{fmt(f['load1'], 2)} | {fmt(f['p99_ratio'], 2)} / {fmt(f['p99_last60_ratio'], 2)} | "
                           f"{fmt(f['throughput_ratio'], 2)} | {fmt(f['active_ratio'], 2)} / {fmt(f['active_last60_ratio'], 2)} |")
+                if f.get("db_buffers_per_s") is not None:
+                    bufrows.append(f"| {NAMES.get(system, system)} | {lab} | {fmt(f['db_buffers_per_s'], 0)} / "
+                                   f"{fmt(f['db_buffers_last60_per_s'], 0)} | {fmt(f['claim_stmt_buffers'], 0)} / "
+                                   f"{fmt(f['claim_stmt_last60_buffers'], 0)} | "
+                                   f"{fmt(ratio(f['db_buffers_last60_per_s'], clean.get('db_buffers_per_s')), 2)} |")
             back = back_to_clean(sysd, clean, stress) if stress else None
             enq = sum(v * 5 for _, v, _ in sysd["series"]["enqueue_rate"])
             done = sum(v * 5 for _, v, _ in sysd["series"]["completion_rate"])
@@ -237,6 +265,9 @@ def main():
                                 "enqueued_approx": round(enq), "completed_approx": round(done),
                                 "queue_depth_at_end": depth_end}
         md.append("")
+        if bufrows:
+            md += ["| system | phase | DB buffers/s (phase / last 60 s) | buffers per claim statement (phase / last 60 s) | last-60 s buffers/s ÷ clean |",
+                   "|---|---|--:|--:|--:|", *bufrows, ""]
         for system, c in cell_sum.items():
             md.append(f"- {NAMES.get(system, system)}: back to clean after `{c['stress_phase']}`: "
                       f"**{c['back_to_clean_s'] if isinstance(c['back_to_clean_s'], str) else str(c['back_to_clean_s']) + ' s'}**; "
