@@ -145,6 +145,9 @@ class Window:
         return q(0.50), q(0.95), q(0.99)
 
 
+LOST = {"connections": 0}
+
+
 class Conn:
     """One connection that reconnects after chaos (pg_terminate_backend, a restart)."""
 
@@ -169,6 +172,7 @@ class Conn:
         return self.conn
 
     async def lost(self) -> None:
+        LOST["connections"] += 1
         if self.conn is not None:
             try:
                 await self.conn.close()
@@ -469,6 +473,7 @@ async def scenario_long_horizon() -> None:
     for r in results:
         if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
             log(f"task ended with {r!r}")
+    counts["connections_lost"] = LOST["connections"] - 1  # less the setup connection's close
     log("counts at exit: " + json.dumps(counts))
 
 
