@@ -469,7 +469,11 @@ async def scenario_long_horizon() -> None:
     await shutdown.wait()
     for task in tasks:
         task.cancel()
-    results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=4)
+    try:
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=4)
+    except asyncio.TimeoutError:  # exit within the contract's 5 s whatever a task waits on
+        results = []
+        log("some tasks did not stop within 4 s")
     for r in results:
         if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
             log(f"task ended with {r!r}")
