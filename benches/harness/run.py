@@ -84,21 +84,25 @@ def upstream_checkout() -> Path:
 
 def prepare_work(src: Path) -> Path:
     work = CACHE / "work"
-    keep = work / "pgboss-bench" / "node_modules"
-    saved = None
-    if keep.is_dir():  # npm ci output survives a rebuild of the work copy
-        saved = CACHE / "pgboss_node_modules"
-        shutil.rmtree(saved, ignore_errors=True)
-        keep.rename(saved)
+    # npm ci's output and the harness's earlier run directories (its own plots, index.html)
+    # survive a rebuild of the work copy.
+    kept = []
+    for rel in ("pgboss-bench/node_modules", "results"):
+        if (work / rel).is_dir():
+            aside = CACHE / ("kept-" + rel.replace("/", "-"))
+            shutil.rmtree(aside, ignore_errors=True)
+            (work / rel).rename(aside)
+            kept.append((aside, work / rel))
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(src, work, ignore=shutil.ignore_patterns(".git", "results", "node_modules"))
-    (work / "results").mkdir()
     for patch in sorted((HERE / "patches").glob("*.patch")):
         sh(["patch", "-s", "-p1", "-d", work, "-i", patch])
     shutil.copytree(HERE / "pg_intent-bench", work / "pg_intent-bench",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    if saved:
-        saved.rename(keep)
+    for aside, dest in kept:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        aside.rename(dest)
+    (work / "results").mkdir(exist_ok=True)
     return work
 
 
@@ -319,6 +323,7 @@ def main():
             poller.stop_ev.set()
             poller.join()
             runs = sorted(set((work / "results").iterdir()) - before)
+            # The harness's own report (plots/, index.html) stays in info["run_dir"].
             info = {"command": " ".join(cmd[1:]), "rc": rc, "seconds": round(time.time() - t0),
                     "loadavg_after": os.getloadavg(), "run_dir": str(runs[-1]) if runs else None}
             if runs:
