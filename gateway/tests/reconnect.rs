@@ -27,9 +27,11 @@ async fn a_killed_backend_mid_attempt_does_not_lose_the_result() {
             name: "gw-reconnect".into(),
             concurrency: 2,
             timeout: Duration::from_secs(30),
-            // Shorter than the time the connection is dead and the work goes on: without
-            // heartbeats on a fresh connection the attempt would lapse to unknown.
-            lease: Duration::from_millis(900),
+            // Shorter than the time the connection is dead and the work goes on (3 s):
+            // without heartbeats on a fresh connection the attempt would lapse to unknown.
+            // Long enough that a loaded machine reconnects within it (900 ms lapsed once in a
+            // full run on 2 busy cores: the heartbeat then found the lease gone).
+            lease: Duration::from_millis(1500),
             poll_every: Duration::from_millis(100),
             ..WorkerConfig::default()
         },
