@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use db::TestDb;
-use pg_intent_client::runner::{Event, Finish, Summary};
+use pg_intent_client::runner::{Connections, Event, Finish, Summary};
 use pg_intent_client::{
     self as intent, AttemptState, ClaimOptions, ClaimedAttempt, JobState, NewJob, Runner,
     Submitted, Uuid, WorkError,
@@ -85,6 +85,23 @@ fn signal() -> (watch::Sender<bool>, impl Fn() -> ShutdownFut) {
         }) as ShutdownFut
     };
     (tx, make)
+}
+
+/// Runs `runner` on a task with work that succeeds at once, until `stop` is sent `true`.
+fn run_succeeding<C: Connections>(
+    runner: Runner<C>,
+) -> (watch::Sender<bool>, tokio::task::JoinHandle<Summary>) {
+    let (stop, until) = signal();
+    let shutdown = until();
+    let handle = tokio::spawn(async move {
+        runner
+            .run(
+                |_: ClaimedAttempt| std::future::ready(Ok::<_, WorkError<Value>>(json!({}))),
+                shutdown,
+            )
+            .await
+    });
+    (stop, handle)
 }
 
 type ShutdownFut = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -515,16 +532,7 @@ async fn notify_wakes_an_idle_runner_and_without_it_only_the_poll_would() {
         .poll_every(Duration::from_secs(3600))
         .on_event(events.hook());
     let waker = runner.waker();
-    let (stop, until) = signal();
-    let shutdown = until();
-    let handle = tokio::spawn(async move {
-        runner
-            .run(
-                |_: ClaimedAttempt| std::future::ready(Ok::<_, WorkError<Value>>(json!({}))),
-                shutdown,
-            )
-            .await
-    });
+    let (stop, handle) = run_succeeding(runner);
     events.wait_listening(1).await;
     // Let the start-up claims pass: the runner is idle now.
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -568,16 +576,7 @@ async fn without_listen_the_poll_finds_the_work() {
     let runner = Runner::new(pool(&t, 2), Duration::from_secs(60))
         .poll_every(Duration::from_millis(300))
         .on_event(events.hook());
-    let (stop, until) = signal();
-    let shutdown = until();
-    let handle = tokio::spawn(async move {
-        runner
-            .run(
-                |_: ClaimedAttempt| std::future::ready(Ok::<_, WorkError<Value>>(json!({}))),
-                shutdown,
-            )
-            .await
-    });
+    let (stop, handle) = run_succeeding(runner);
     tokio::time::sleep(Duration::from_millis(100)).await;
     db.batch_execute("SET intent.notify = off").await.unwrap();
     let job = submit(&db, "polled", "gpu-a", json!({})).await;
@@ -766,16 +765,7 @@ async fn a_runner_purges_finished_jobs_past_the_retention_and_nothing_else() {
         .provider("gpu-a")
         .purge_every(Duration::from_millis(200))
         .on_event(purges.hook());
-    let (stop, until) = signal();
-    let shutdown = until();
-    let handle = tokio::spawn(async move {
-        runner
-            .run(
-                |_: ClaimedAttempt| std::future::ready(Ok::<_, WorkError<Value>>(json!({}))),
-                shutdown,
-            )
-            .await
-    });
+    let (stop, handle) = run_succeeding(runner);
     assert!(
         eventually(Duration::from_secs(10), || async {
             !exists(&db, old).await
@@ -829,16 +819,7 @@ async fn a_backlog_is_purged_in_bounded_batches_with_a_pause_between_them() {
         .purge_every(Duration::from_millis(50))
         .purge(false)
         .on_event(purges.hook());
-    let (stop, until) = signal();
-    let shutdown = until();
-    let handle = tokio::spawn(async move {
-        runner
-            .run(
-                |_: ClaimedAttempt| std::future::ready(Ok::<_, WorkError<Value>>(json!({}))),
-                shutdown,
-            )
-            .await
-    });
+    let (stop, handle) = run_succeeding(runner);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let _ = stop.send(true);
     assert_eq!(handle.await.unwrap().purged, 0);
@@ -852,16 +833,7 @@ async fn a_backlog_is_purged_in_bounded_batches_with_a_pause_between_them() {
         .purge_pause(pause)
         .purge_every(Duration::from_millis(100))
         .on_event(purges.hook());
-    let (stop, until) = signal();
-    let shutdown = until();
-    let handle = tokio::spawn(async move {
-        runner
-            .run(
-                |_: ClaimedAttempt| std::future::ready(Ok::<_, WorkError<Value>>(json!({}))),
-                shutdown,
-            )
-            .await
-    });
+    let (stop, handle) = run_succeeding(runner);
     assert!(
         eventually(Duration::from_secs(10), || async {
             purges.batches().iter().sum::<u64>() == 25
@@ -936,16 +908,7 @@ async fn a_runner_as_intent_app_purges_and_one_that_may_not_says_so_once() {
                     seen.lock().unwrap().push(error.to_string());
                 }
             });
-        let (stop, until) = signal();
-        let shutdown = until();
-        let handle = tokio::spawn(async move {
-            runner
-                .run(
-                    |_: ClaimedAttempt| std::future::ready(Ok::<_, WorkError<Value>>(json!({}))),
-                    shutdown,
-                )
-                .await
-        });
+        let (stop, handle) = run_succeeding(runner);
         let job = submit(&db, &format!("work-{revoked}"), "gpu-a", json!({})).await;
         assert!(
             eventually(Duration::from_secs(10), || async {
